@@ -1,0 +1,1 @@
+"""TokenFormer pretraining framework (GPT-NeoX-style) on PyTorch and DeepSpeed."""
