@@ -1,0 +1,32 @@
+"""Keys that a config sets but that have no effect here, for the launcher to print.
+
+GPT-NeoX files set many keys this framework accepts but does not act on; a
+user who turned one on should be told instead of finding out from the results.
+A key is reported when its value differs from its default, because the
+default is the behaviour this framework has.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from megatron.config.schema import SCHEMA
+
+if TYPE_CHECKING:
+    from megatron.config.config import Config
+
+
+def _backend_on_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:
+    if device_name == "cpu" and cfg.distributed_backend == "nccl":
+        return [("distributed_backend", "nccl needs CUDA devices; this CPU run uses gloo")]
+    return []
+
+
+def inactive_keys(cfg: Config, device_name: str) -> list[tuple[str, str]]:
+    """(key, reason) for every key set to a value that has no effect on this device."""
+    unused = [
+        (key.name, key.inactive)
+        for key in SCHEMA.values()
+        if key.inactive and getattr(cfg, key.name) != key.default
+    ]
+    return unused + _backend_on_cpu(cfg, device_name)

@@ -1,0 +1,291 @@
+"""Every accepted configuration key, declared once.
+
+The loader, the validator, the `Config` object and the generated docs/config.md
+all read this table, so adding a key here is the only step needed to accept it.
+Names and defaults follow GPT-NeoX so its YAML files work unchanged; keys that
+GPT-NeoX accepts but this framework does not act on are kept (so those files
+still load) and carry the reason in `inactive`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+GROUPS = (
+    "model",
+    "optimizer",
+    "training",
+    "data",
+    "checkpoint",
+    "logging",
+    "parallelism",
+    "launcher",
+)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Closed or half-open numeric interval a value must lie in."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if self.high == math.inf:
+            return f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
+        left = "(" if self.low_open else "["
+        right = ")" if self.high_open else "]"
+        return f"{left}{self.low:g}, {self.high:g}{right}"
+
+
+AT_LEAST_ONE = Range(1)
+NON_NEGATIVE = Range(0)
+POSITIVE = Range(0, low_open=True)
+PROBABILITY = Range(0, 1, high_open=True)
+FRACTION = Range(0, 1)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: its type, default, meaning and constraints.
+
+    `type` is one of bool, int, float, str, list, dict (`item` gives the type of
+    list elements). A default of None means "unset" and null is then accepted.
+    `derived` explains how the value is computed when not given; `inactive` is
+    the reason the key has no effect in this framework.
+    """
+
+    name: str
+    type: type
+    default: Any
+    group: str
+    meaning: str
+    choices: tuple[str, ...] = ()
+    valid_range: Range | None = None
+    item: type | None = None
+    required: bool = False
+    derived: str = ""
+    inactive: str = ""
+
+
+_NO_FUSED_KERNELS = "no fused CUDA kernels here; the plain PyTorch operations are always used"
+_INIT_METHODS = (
+    "normal",
+    "scaled_normal",
+    "xavier_uniform",
+    "xavier_normal",
+    "wang_init",
+    "small_init",
+)
+
+_MODEL = (
+    Key("num_layers", int, None, "model", "Number of TokenFormer layers.", valid_range=AT_LEAST_ONE, required=True),
+    Key("hidden_size", int, None, "model", "Width of the residual stream (token dimension).",
+        valid_range=AT_LEAST_ONE, required=True),
+    Key("num_attention_heads", int, None, "model", "Token-token attention heads; must divide hidden_size.",
+        valid_range=AT_LEAST_ONE, required=True),
+    Key("qkv_slot_num", int, None, "model", "Key/value parameter tokens of the Pattention layers producing Q, K and V.",
+        valid_range=AT_LEAST_ONE, required=True),
+    Key("proj_slot_num", int, None, "model", "Key/value parameter tokens of the attention output Pattention layer.",
+        valid_range=AT_LEAST_ONE, required=True),
+    Key("ffn_slot_num", int, None, "model", "Key/value parameter tokens of the feed-forward Pattention layer.",
+        valid_range=AT_LEAST_ONE, required=True),
+    Key("seq_length", int, None, "model", "Tokens per training sample.", valid_range=AT_LEAST_ONE, required=True),
+    Key("max_position_embeddings", int, None, "model", "Longest sequence the position encoding supports.",
+        valid_range=AT_LEAST_ONE, derived="seq_length when not set"),
+    Key("pos_emb", str, "learned", "model", "Position encoding.", choices=("rotary", "learned", "none")),
+    Key("rotary_pct", float, 1.0, "model", "Fraction of each head's dimensions that get rotary encoding.",
+        valid_range=Range(0, 1, low_open=True)),
+    Key("rotary_emb_base", int, 10000, "model", "Base of the rotary frequencies.", valid_range=AT_LEAST_ONE),
+    Key("norm", str, "layernorm", "model", "Normalisation inside each layer.",
+        choices=("layernorm", "layernorm_nonparam")),
+    Key("final_norm", str, None, "model", "Normalisation after the last layer.",
+        choices=("layernorm", "layernorm_nonparam"), derived="norm when not set"),
+    Key("layernorm_epsilon", float, 1.0e-5, "model", "Epsilon of every layer norm.", valid_range=POSITIVE),
+    Key("no_weight_tying", bool, False, "model",
+        "Use a separate output matrix instead of the transposed input embedding."),
+    Key("norm_activation_type", str, "l2_norm_gelu", "model",
+        "Score normalisation of Pattention: Theta in Theta(tau * X * K^T).",
+        choices=("l2_norm_gelu", "gelu_l2_norm", "softmax")),
+    Key("pattention_tau", float, 1.0, "model", "Scale tau applied to the Pattention scores X * K^T before Theta.",
+        valid_range=POSITIVE),
+    Key("init_method", str, "normal", "model", "Initialisation of every weight except layer outputs.",
+        choices=_INIT_METHODS),
+    Key("output_layer_init_method", str, "scaled_normal", "model",
+        "Initialisation of the weights writing into the residual stream.",
+        choices=_INIT_METHODS),
+    Key("init_method_std", float, 0.02, "model", "Standard deviation of the normal initialisations.",
+        valid_range=POSITIVE),
+    Key("make_vocab_size_divisible_by", int, 128, "model",
+        "Pad the vocabulary to a multiple of this (times model_parallel_size).",
+        valid_range=AT_LEAST_ONE),
+    Key("padded_vocab_size", int, None, "model", "Vocabulary size after padding.",
+        valid_range=AT_LEAST_ONE, derived="set by the tokenizer when a run starts; leave unset"),
+    Key("hidden_dropout", float, 0.0, "model", "Dropout on each layer's output.", valid_range=PROBABILITY),
+    Key("attention_dropout", float, 0.0, "model", "Dropout on the attention probabilities.", valid_range=PROBABILITY),
+    Key("attention_config", list, None, "model",
+        "Per-layer attention types (GPT-NeoX); only 'tokenformer' is accepted.",
+        inactive="every layer is a TokenFormer layer, so the list only has to agree with num_layers"),
+    Key("gpt_j_residual", bool, False, "model", "GPT-J parallel residual.",
+        inactive="layers always use the sequential residual x + attn(ln(x)), then x + ffn(ln(x))"),
+    Key("use_bias_in_attn_linear", bool, True, "model", "Biases in the attention linear layers.",
+        inactive="TokenFormer replaces those linear layers with Pattention, which has no bias"),
+    Key("output_layer_parallelism", str, "column", "model",
+        "How the output layer is split across model-parallel ranks.",
+        choices=("column",), inactive="the output layer is always split over the vocabulary"),
+    Key("scaled_upper_triang_masked_softmax_fusion", bool, False, "model", "Fused causal softmax kernel.",
+        inactive=_NO_FUSED_KERNELS),
+    Key("scaled_masked_softmax_fusion", bool, False, "model", "Fused masked softmax kernel.",
+        inactive=_NO_FUSED_KERNELS),
+    Key("bias_gelu_fusion", bool, False, "model", "Fused bias + GeLU kernel.", inactive=_NO_FUSED_KERNELS),
+    Key("bias_dropout_fusion", bool, False, "model", "Fused bias + dropout kernel.", inactive=_NO_FUSED_KERNELS),
+    Key("rope_fusion", bool, False, "model", "Fused rotary embedding kernel.", inactive=_NO_FUSED_KERNELS),
+    Key("layernorm_fusion", bool, False, "model", "Fused layer norm kernel.", inactive=_NO_FUSED_KERNELS),
+)
+
+_OPTIMIZER = (
+    Key("optimizer", dict, None, "optimizer", "{type: Adam|AdamW, params: {lr, betas, eps}}.", required=True),
+    Key("lr", float, None, "optimizer", "Peak learning rate.", valid_range=POSITIVE, derived="optimizer.params.lr"),
+    Key("min_lr", float, 0.0, "optimizer", "Floor of the decayed learning rate; must not exceed lr.",
+        valid_range=NON_NEGATIVE),
+    Key("lr_decay_style", str, "linear", "optimizer", "Learning-rate decay after warmup.",
+        choices=("constant", "linear", "cosine")),
+    Key("lr_decay_iters", int, None, "optimizer", "Iterations over which the learning rate decays.",
+        valid_range=AT_LEAST_ONE, derived="train_iters when not set"),
+    Key("warmup", float, 0.01, "optimizer", "Warmup length as a fraction of lr_decay_iters.", valid_range=FRACTION),
+    Key("weight_decay", float, 0.1, "optimizer", "Decoupled weight decay coefficient.", valid_range=NON_NEGATIVE),
+    Key("gradient_clipping", float, 1.0, "optimizer", "Clip the global gradient norm to this; 0 disables.",
+        valid_range=NON_NEGATIVE),
+    Key("zero_optimization", dict, None, "optimizer", "DeepSpeed ZeRO section, passed to DeepSpeed as is."),
+    Key("fp16", dict, None, "optimizer", "DeepSpeed fp16 section ({enabled: true, loss_scale: 0, ...})."),
+    Key("bf16", dict, None, "optimizer", "DeepSpeed bf16 section ({enabled: true})."),
+    Key("precision", str, None, "optimizer", "Training precision.",
+        choices=("fp32", "fp16", "bfloat16"), derived="fp16 or bfloat16 from the enabled fp16/bf16 section, else fp32"),
+)
+
+_TRAINING = (
+    Key("train_batch_size", int, None, "training", "Samples per optimizer step over all data-parallel ranks.",
+        valid_range=AT_LEAST_ONE, derived="micro batch * accumulation steps * data-parallel size"),
+    Key("train_micro_batch_size_per_gpu", int, None, "training", "Samples per forward/backward pass on one rank.",
+        valid_range=AT_LEAST_ONE, derived="train_batch_size / (accumulation steps * data-parallel size)"),
+    Key("gradient_accumulation_steps", int, None, "training", "Micro batches accumulated per optimizer step.",
+        valid_range=AT_LEAST_ONE, derived="train_batch_size / (micro batch * data-parallel size), or 1"),
+    Key("train_iters", int, None, "training", "Optimizer steps to train for.", valid_range=AT_LEAST_ONE, required=True),
+    Key("eval_interval", int, 1000, "training", "Evaluate on the validation split every this many steps.",
+        valid_range=AT_LEAST_ONE),
+    Key("eval_iters", int, 100, "training", "Batches per evaluation.", valid_range=NON_NEGATIVE),
+    Key("eval_only", bool, False, "training", "Evaluate the checkpoint in `load` on the validation split and exit."),
+    Key("seed", int, 1234, "training", "Seed for Python, NumPy and PyTorch.", valid_range=NON_NEGATIVE),
+    Key("checkpoint_activations", bool, False, "training",
+        "Recompute layer activations in the backward pass to save memory."),
+    Key("checkpoint_num_layers", int, 1, "training", "Layers per activation-checkpointed chunk.",
+        valid_range=AT_LEAST_ONE),
+    Key("partition_activations", bool, False, "training", "Split checkpointed activations across model-parallel ranks.",
+        inactive="activation partitioning across model-parallel ranks is not implemented"),
+    Key("synchronize_each_layer", bool, False, "training", "Device synchronisation around each checkpointed layer.",
+        inactive="per-layer device synchronisation is not implemented"),
+    Key("adlr_autoresume", bool, False, "training", "NVIDIA ADLR cluster auto-resume.",
+        inactive="ADLR auto-resume is not supported; resume by pointing `load` at the checkpoints"),
+)
+
+_DATA = (
+    Key("data_path", str, None, "data", "Prefix of one PREFIX.bin/PREFIX.idx dataset, split by `split`."),
+    Key("train_data_paths", list, None, "data", "Prefixes of training datasets (instead of data_path).", item=str),
+    Key("valid_data_paths", list, None, "data", "Prefixes of validation datasets.", item=str),
+    Key("test_data_paths", list, None, "data", "Prefixes of test datasets.", item=str),
+    Key("train_data_weights", list, None, "data", "Sampling weight of each train_data_paths entry.", item=float),
+    Key("valid_data_weights", list, None, "data", "Sampling weight of each valid_data_paths entry.", item=float),
+    Key("test_data_weights", list, None, "data", "Sampling weight of each test_data_paths entry.", item=float),
+    Key("data_impl", str, "mmap", "data", "Indexed dataset format.", choices=("mmap",)),
+    Key("split", str, "969, 30, 1", "data", "Train, validation, test proportions of data_path, e.g. '969, 30, 1'."),
+    Key("tokenizer_type", str, "GPT2BPETokenizer", "data", "Tokenizer implementation.",
+        choices=("HFTokenizer", "GPT2BPETokenizer", "CharLevelTokenizer", "SPMTokenizer")),
+    Key("vocab_file", str, None, "data",
+        "Tokenizer file: tokenizer.json (HF), vocab.json (GPT-2 BPE) or SentencePiece model."),
+    Key("merge_file", str, None, "data", "BPE merges file (GPT2BPETokenizer only)."),
+    Key("num_workers", int, 2, "data", "Data loader worker processes.",
+        valid_range=NON_NEGATIVE, inactive="batches are read from memory-mapped files in the training process"),
+)
+
+_CHECKPOINT = (
+    Key("save", str, None, "checkpoint", "Directory checkpoints are written to."),
+    Key("load", str, None, "checkpoint", "Directory to resume from (or to evaluate with eval_only)."),
+    Key("checkpoint_factor", int, None, "checkpoint", "Save a checkpoint every this many steps.",
+        valid_range=AT_LEAST_ONE),
+    Key("extra_save_iters", list, None, "checkpoint", "Additional steps at which to save a checkpoint.", item=int),
+    Key("keep_last_n_checkpoints", int, None, "checkpoint",
+        "Delete older checkpoints beyond this many; unset keeps all.",
+        valid_range=AT_LEAST_ONE),
+    Key("pretrain_partial_init", str, None, "checkpoint",
+        "Checkpoint of a smaller model to grow from (TokenFormer scaling)."),
+    Key("eval_ckpt", str, None, "checkpoint", "Released pytorch_model.bin to evaluate.",
+        inactive="released weight files are not loaded; evaluate a checkpoint directory with load + eval_only"),
+    Key("checkpoint_validation_with_forward_pass", bool, False, "checkpoint",
+        "Re-run a forward pass to check a loaded checkpoint.",
+        inactive="not implemented"),
+)
+
+_LOGGING = (
+    Key("log_dir", str, None, "logging", "Directory for text logs."),
+    Key("log_interval", int, 100, "logging", "Log training metrics every this many steps.", valid_range=AT_LEAST_ONE),
+    Key("steps_per_print", int, 10, "logging", "DeepSpeed prints its progress every this many steps.",
+        valid_range=AT_LEAST_ONE,
+        inactive="DeepSpeed's own progress prints are off; metrics are logged every log_interval"),
+    Key("tensorboard_dir", str, None, "logging", "Write TensorBoard events here; unset disables TensorBoard."),
+    Key("use_wandb", bool, False, "logging", "Log to Weights & Biases (off by default: runs are often offline)."),
+    Key("wandb_project", str, "neox", "logging", "Weights & Biases project."),
+    Key("wandb_group", str, None, "logging", "Weights & Biases run group."),
+    Key("wandb_team", str, None, "logging", "Weights & Biases team (entity)."),
+    Key("wandb_host", str, "https://api.wandb.ai", "logging", "Weights & Biases server.",
+        inactive="wandb takes its server from its own login settings (WANDB_BASE_URL)"),
+    Key("wall_clock_breakdown", bool, False, "logging", "DeepSpeed forward/backward/step timings.",
+        inactive="per-phase timings are not reported; log_interval reports step time"),
+)
+
+_PARALLELISM = (
+    Key("model_parallel_size", int, 1, "parallelism", "Tensor (model) parallel ranks per model replica.",
+        valid_range=AT_LEAST_ONE),
+    Key("pipe_parallel_size", int, 0, "parallelism", "Pipeline stages; 0 and 1 both mean a single stage.",
+        valid_range=NON_NEGATIVE),
+    Key("distributed_backend", str, "nccl", "parallelism", "torch.distributed backend; CPU runs use gloo.",
+        choices=("nccl", "gloo")),
+    Key("world_size", int, None, "parallelism", "Total number of processes.",
+        valid_range=AT_LEAST_ONE, derived="given by the launcher when the config is resolved"),
+)
+
+_LAUNCHER = (
+    Key("num_gpus", int, None, "launcher", "Processes per node (GPUs per node; on CPU the number of local processes).",
+        valid_range=AT_LEAST_ONE),
+    Key("num_nodes", int, -1, "launcher", "Nodes to use from the hostfile; -1 uses all.", valid_range=Range(-1)),
+    Key("hostfile", str, None, "launcher", "File listing 'host slots=N' lines."),
+    Key("include", str, None, "launcher", "Hosts/slots to use, e.g. 'worker-0@worker-1:0,2'."),
+    Key("exclude", str, None, "launcher", "Hosts/slots to leave out, same format as include."),
+    Key("master_addr", str, None, "launcher", "Address of rank 0; inferred when unset."),
+    Key("master_port", int, 29500, "launcher", "Port of rank 0.", valid_range=Range(1, 65535)),
+    Key("launcher", str, "pdsh", "launcher", "Multi-node launcher.", choices=("pdsh", "slurm", "openmpi", "mpich")),
+    Key("deepspeed_slurm", bool, False, "launcher", "Read ranks and addresses from the SLURM environment."),
+    Key("no_ssh_check", bool, False, "launcher", "Skip the ssh reachability check of the head node."),
+    Key("comment", str, None, "launcher", "Passed to the launcher as --comment (some clusters require it)."),
+    Key("user_script", str, None, "launcher", "Script each rank runs.", derived="set by the launcher"),
+    Key("config_files", dict, None, "launcher", "Text of each config file, keyed by path, kept with checkpoints.",
+        derived="set by load_config"),
+)
+
+SCHEMA: dict[str, Key] = {
+    key.name: key
+    for key in _MODEL + _OPTIMIZER + _TRAINING + _DATA + _CHECKPOINT + _LOGGING + _PARALLELISM + _LAUNCHER
+}
+
+
+def defaults() -> dict[str, Any]:
+    """A fresh mapping of every key to its default."""
+    return {name: key.default for name, key in SCHEMA.items()}

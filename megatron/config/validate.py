@@ -1,0 +1,300 @@
+"""Rules a configuration must satisfy, checked before any process group starts.
+
+Every problem becomes a `ConfigError` whose message names the key, the value,
+the file it came from when known, and what to do instead. Problems of the same
+stage are reported together so one run of the launcher shows all of them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from megatron.config.schema import SCHEMA, Key
+
+if TYPE_CHECKING:
+    from megatron.config.config import Config
+
+
+class ConfigError(ValueError):
+    """A configuration problem, described so the user can fix it."""
+
+
+def raise_if_any(problems: Iterable[str]) -> None:
+    """Raise one ConfigError listing every problem, if there are any."""
+    problems = list(problems)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def source_of(name: str, origins: Mapping[str, str]) -> str:
+    """' (from FILE)' for messages, or '' when the origin is unknown."""
+    return f" (from {origins[name]})" if name in origins else ""
+
+
+def closest_key(name: str) -> str | None:
+    """The accepted key that a misspelled `name` most likely meant."""
+    matches = difflib.get_close_matches(name, SCHEMA, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def normalize_keys(mapping: Mapping[Any, Any], source: str) -> dict[str, Any]:
+    """Top-level keys with '-' read as '_' (GPT-NeoX accepts both spellings)."""
+    normalized: dict[str, Any] = {}
+    spelling: dict[str, str] = {}
+    for raw, value in mapping.items():
+        if not isinstance(raw, str):
+            raise ConfigError(f"{source}: key {raw!r} is not a string; config keys are names like num_layers")
+        name = raw.replace("-", "_")
+        if name in normalized:
+            raise ConfigError(f"{source}: {spelling[name]!r} and {raw!r} are the same key; keep one of them")
+        normalized[name], spelling[name] = value, raw
+    return normalized
+
+
+def _type_name(key: Key) -> str:
+    name = "mapping" if key.type is dict else key.type.__name__
+    return f"list of {key.item.__name__}" if key.item else name
+
+
+def _is_instance(value: Any, expected: type) -> bool:
+    """isinstance, except that bool is not a number, int is a float, and inf/nan are not."""
+    if isinstance(value, bool):
+        return expected is bool
+    if expected is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, expected)
+
+
+def _key_problem(key: Key, value: Any) -> str | None:
+    """What is wrong with one value on its own, or None."""
+    if value is None:
+        return None if key.default is None else f"expected {_type_name(key)}, got null"
+    if not _is_instance(value, key.type) or (
+        key.item and not all(_is_instance(item, key.item) for item in value)
+    ):
+        return f"expected {_type_name(key)}, got {value!r} ({type(value).__name__})"
+    if key.choices and value not in key.choices:
+        hint = difflib.get_close_matches(value, key.choices, n=1)
+        suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+        return f"{value!r} is not one of: {', '.join(key.choices)}{suggestion}"
+    if key.valid_range and not key.valid_range.contains(value):
+        return f"{value!r} is outside the allowed range {key.valid_range}"
+    return None
+
+
+def check_keys(values: Mapping[str, Any], origins: Mapping[str, str]) -> dict[str, Any]:
+    """Check names, types, choices and ranges; return the values with ints made floats where floats are expected."""
+    problems = []
+    for name, value in values.items():
+        key = SCHEMA.get(name)
+        if key is None:
+            guess = closest_key(name)
+            hint = f"did you mean {guess!r}?" if guess else "see docs/config.md for the accepted keys"
+            problems.append(f"unknown key {name!r}{source_of(name, origins)}; {hint}")
+            continue
+        problem = _key_problem(key, value)
+        if problem:
+            problems.append(f"{name}: {problem}{source_of(name, origins)}")
+    raise_if_any(problems)
+    return {name: _as_declared_type(SCHEMA[name], value) for name, value in values.items()}
+
+
+def _as_declared_type(key: Key, value: Any) -> Any:
+    if value is None:
+        return None
+    if key.type is float:
+        return float(value)
+    if key.item is float:
+        return [float(item) for item in value]
+    return value
+
+
+def check_required(values: Mapping[str, Any]) -> None:
+    """Every required key has a value."""
+    raise_if_any(
+        f"{key.name} is required ({key.meaning.rstrip('.')}); set it in a config file or pass {key.name}=VALUE"
+        for key in SCHEMA.values()
+        if key.required and values.get(key.name) is None
+    )
+
+
+def _heads_divide_hidden(v: Mapping[str, Any]) -> str | None:
+    if v["hidden_size"] % v["num_attention_heads"]:
+        return (
+            f"hidden_size {v['hidden_size']} is not divisible by num_attention_heads "
+            f"{v['num_attention_heads']}; pick a head count that divides it"
+        )
+    return None
+
+
+def _rotary_dims_even(v: Mapping[str, Any]) -> str | None:
+    if v["pos_emb"] != "rotary":
+        return None
+    head_dim = v["hidden_size"] // v["num_attention_heads"]
+    rotary_dims = head_dim * v["rotary_pct"]
+    if rotary_dims != round(rotary_dims) or round(rotary_dims) % 2 or rotary_dims == 0:
+        return (
+            f"rotary_pct {v['rotary_pct']} of head dimension {head_dim} gives {rotary_dims:g} rotary "
+            "dimensions; it must be a positive even whole number"
+        )
+    return None
+
+
+def _positions_cover_sequence(v: Mapping[str, Any]) -> str | None:
+    if v["max_position_embeddings"] < v["seq_length"]:
+        return (
+            f"max_position_embeddings {v['max_position_embeddings']} is smaller than seq_length "
+            f"{v['seq_length']}; raise it or shorten seq_length"
+        )
+    return None
+
+
+def _min_lr_within_lr(v: Mapping[str, Any]) -> str | None:
+    if v["min_lr"] > v["lr"]:
+        return f"min_lr {v['min_lr']:g} is larger than lr {v['lr']:g} (optimizer.params.lr)"
+    return None
+
+
+def _split_is_three_proportions(v: Mapping[str, Any]) -> str | None:
+    parts = [part.strip() for part in v["split"].split(",")]
+    try:
+        numbers = [float(part) for part in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) != 3 or not all(map(math.isfinite, numbers)) or min(numbers) < 0 or sum(numbers) <= 0:
+        return (
+            f"split {v['split']!r} must be three non-negative numbers with a positive sum "
+            "(train, validation, test), e.g. '969, 30, 1'"
+        )
+    return None
+
+
+def _one_data_source(v: Mapping[str, Any]) -> str | None:
+    if v["data_path"] and v["train_data_paths"]:
+        return "data_path and train_data_paths are both set; use one of them"
+    return None
+
+
+def _weights_match_paths(v: Mapping[str, Any]) -> str | None:
+    for stage in ("train", "valid", "test"):
+        paths, weights = v[f"{stage}_data_paths"], v[f"{stage}_data_weights"]
+        if weights is not None and len(weights) != len(paths or ()):
+            return (
+                f"{stage}_data_weights has {len(weights)} entries but {stage}_data_paths has "
+                f"{len(paths or ())}; give one weight per path"
+            )
+    return None
+
+
+def _attention_config_is_tokenformer(v: Mapping[str, Any]) -> str | None:
+    config = v["attention_config"]
+    if config is None:
+        return None
+    try:
+        types = {name for names, _ in config for name in names}
+        layers = sum(count for _, count in config)
+    except (TypeError, ValueError):
+        return f"attention_config {config!r} must look like [[['tokenformer'], NUM_LAYERS]]"
+    if types != {"tokenformer"} or layers != v["num_layers"]:
+        return (
+            f"attention_config {config!r} must be [[['tokenformer'], {v['num_layers']}]]: "
+            "every layer of this framework is a TokenFormer layer"
+        )
+    return None
+
+
+RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
+    _heads_divide_hidden,
+    _rotary_dims_even,
+    _positions_cover_sequence,
+    _min_lr_within_lr,
+    _split_is_three_proportions,
+    _one_data_source,
+    _weights_match_paths,
+    _attention_config_is_tokenformer,
+)
+
+
+def check_rules(values: Mapping[str, Any]) -> None:
+    """Cross-key rules on complete, typed, derived values."""
+    raise_if_any(problem for rule in RULES if (problem := rule(values)))
+
+
+def _missing_dataset_files(key: str, prefix: str) -> str | None:
+    missing = [f"{prefix}{suffix}" for suffix in (".bin", ".idx") if not Path(f"{prefix}{suffix}").is_file()]
+    if missing:
+        return f"{key} = {prefix!r}: missing {', '.join(missing)}; prepare the dataset first"
+    return None
+
+
+def _data_problems(cfg: Config) -> list[str]:
+    needed = "valid_data_paths" if cfg.eval_only else "train_data_paths"
+    if not cfg.data_path and not getattr(cfg, needed):
+        return [f"no data: set data_path (the PREFIX of PREFIX.bin/PREFIX.idx) or {needed}"]
+    prefixes = [("data_path", cfg.data_path)] if cfg.data_path else []
+    for name in ("train_data_paths", "valid_data_paths", "test_data_paths"):
+        prefixes += [(f"{name}[{i}]", prefix) for i, prefix in enumerate(getattr(cfg, name) or ())]
+    return [problem for key, prefix in prefixes if (problem := _missing_dataset_files(key, prefix))]
+
+
+_TOKENIZER_FILES = {
+    "HFTokenizer": ("vocab_file",),
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "SPMTokenizer": ("vocab_file",),
+    "CharLevelTokenizer": (),
+}
+
+
+def _tokenizer_problems(cfg: Config) -> list[str]:
+    problems = []
+    for key in _TOKENIZER_FILES[cfg.tokenizer_type]:
+        if getattr(cfg, key) is None:
+            problems.append(f"{key} is not set but tokenizer_type {cfg.tokenizer_type} needs it")
+    for key in ("vocab_file", "merge_file"):
+        path = getattr(cfg, key)
+        if path is not None and not Path(path).is_file():
+            problems.append(f"{key} = {path!r} does not exist")
+    return problems
+
+
+def _checkpoint_problems(cfg: Config) -> list[str]:
+    problems = []
+    if cfg.eval_only and (cfg.load is None or not Path(cfg.load).is_dir()):
+        problems.append(f"eval_only needs load to be an existing checkpoint directory; load = {cfg.load!r}")
+    if cfg.pretrain_partial_init is not None:
+        problems.append(
+            f"pretrain_partial_init = {cfg.pretrain_partial_init!r}: growing a smaller model on load is not "
+            "supported in this version; remove the key and load a checkpoint of the same shape"
+        )
+    return problems
+
+
+def _precision_problems(cfg: Config, device_name: str) -> list[str]:
+    if cfg.precision == "fp16" and device_name == "cpu":
+        return ["fp16 is enabled but the device is CPU, which has no fp16 training; "
+                "use bf16={enabled: true} with fp16={enabled: false}, or fp16={enabled: false} for fp32"]
+    return []
+
+
+def check_run_inputs(cfg: Config, device_name: str | None = None) -> None:
+    """Checks that need the files and the device, done when a run starts.
+
+    `device_name` is the accelerator's name ('cpu', 'cuda', ...); by default it
+    is asked from DeepSpeed. Raises one ConfigError listing every problem.
+    """
+    if device_name is None:
+        from deepspeed.accelerator import get_accelerator
+
+        device_name = get_accelerator().device_name()
+    raise_if_any(
+        _data_problems(cfg)
+        + _tokenizer_problems(cfg)
+        + _checkpoint_problems(cfg)
+        + _precision_problems(cfg, device_name)
+    )

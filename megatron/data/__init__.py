@@ -1,0 +1,1 @@
+"""Data pipeline: the mmap indexed token format, GPT-2 style samples, splits and samplers."""

@@ -1,0 +1,156 @@
+"""GPT-2 style dataset: ``seq_length + 1`` token samples cut from a split's documents read as one stream.
+
+The index arrays (see ``sample_index``) are cached as ``.npy`` files beside
+the data, named by everything that changes them, so a restart reuses them and
+any change of split, length, sample count, seed or data rebuilds them.
+"""
+
+import hashlib
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.sample_index import (
+    build_doc_idx,
+    build_sample_idx,
+    build_shuffle_idx,
+    num_epochs_needed,
+    tokens_per_epoch,
+)
+
+logger = logging.getLogger(__name__)
+
+INDEX_KINDS = ("doc_idx", "sample_idx", "shuffle_idx")
+
+
+class GPT2Dataset(torch.utils.data.Dataset):
+    """``dataset[i] == {"text": int64 array of seq_length + 1 tokens}``, in shuffled order.
+
+    ``documents`` are the sequence indices of ``indexed_dataset`` in this split;
+    ``num_samples`` is a lower bound: the dataset holds every sample of the
+    whole epochs needed to reach it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        data_prefix: str,
+        documents: np.ndarray,
+        indexed_dataset: MMapIndexedDataset,
+        num_samples: int,
+        seq_length: int,
+        seed: int,
+    ):
+        documents = np.asarray(documents, dtype=np.int64)
+        if documents.ndim != 1 or documents.size == 0:
+            raise ValueError(f"{name} split of {data_prefix}: documents must be a non-empty 1-D array")
+        if documents.min() < 0 or documents.max() >= len(indexed_dataset):
+            raise ValueError(
+                f"{name} split of {data_prefix}: document indices must lie in [0, {len(indexed_dataset)}), "
+                f"got [{documents.min()}, {documents.max()}]"
+            )
+        if seq_length < 1 or num_samples < 0:
+            raise ValueError(
+                f"{name} split: need seq_length >= 1 and num_samples >= 0, got {seq_length}, {num_samples}"
+            )
+        self.name = name
+        self.indexed_dataset = indexed_dataset
+        self.seq_length = seq_length
+        self.doc_idx, self.sample_idx, self.shuffle_idx = _load_or_build_index_mappings(
+            name, data_prefix, documents, indexed_dataset.sizes, num_samples, seq_length, seed
+        )
+
+    def __len__(self) -> int:
+        return len(self.shuffle_idx)
+
+    def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
+        if not -len(self) <= idx < len(self):
+            raise IndexError(f"sample {idx} out of range for the {self.name} dataset of {len(self)} samples")
+        sample = int(self.shuffle_idx[idx])
+        first, first_offset = (int(v) for v in self.sample_idx[sample])
+        last, last_offset = (int(v) for v in self.sample_idx[sample + 1])
+        read = self.indexed_dataset.get
+        if first == last:
+            tokens = read(self.doc_idx[first], first_offset, last_offset - first_offset + 1)
+        else:
+            parts = [read(self.doc_idx[first], first_offset)]
+            parts += [read(self.doc_idx[position]) for position in range(first + 1, last)]
+            parts.append(read(self.doc_idx[last], 0, last_offset + 1))
+            tokens = np.concatenate(parts)
+        return {"text": tokens.astype(np.int64)}
+
+
+def index_cache_paths(
+    data_prefix: str, name: str, documents: np.ndarray, epoch_tokens: int, num_samples: int, seq_length: int, seed: int
+) -> dict[str, str]:
+    """The three cache files; the hash covers the document range and its token count (i.e. the data itself)."""
+    digest = hashlib.sha1(np.ascontiguousarray(documents, dtype=np.int64))
+    digest.update(str(epoch_tokens).encode())
+    stem = f"{data_prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{digest.hexdigest()[:10]}dh"
+    return {kind: f"{stem}_{kind}.npy" for kind in INDEX_KINDS}
+
+
+def _load_or_build_index_mappings(
+    name: str,
+    data_prefix: str,
+    documents: np.ndarray,
+    sizes: np.ndarray,
+    num_samples: int,
+    seq_length: int,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rank 0 (or the only process) builds missing caches; the other ranks wait at a barrier, then all load them."""
+    epoch_tokens = tokens_per_epoch(documents, sizes)
+    if epoch_tokens == 0:
+        raise ValueError(f"the {name} split of {data_prefix} holds no tokens; check the data and the split")
+    paths = index_cache_paths(data_prefix, name, documents, epoch_tokens, num_samples, seq_length, seed)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not distributed or torch.distributed.get_rank() == 0:
+        if not all(os.path.isfile(path) for path in paths.values()):
+            _build_and_save(name, documents, sizes, epoch_tokens, num_samples, seq_length, seed, paths)
+    if distributed:
+        torch.distributed.barrier()
+    return tuple(_load(paths[kind]) for kind in INDEX_KINDS)
+
+
+def _build_and_save(
+    name: str,
+    documents: np.ndarray,
+    sizes: np.ndarray,
+    epoch_tokens: int,
+    num_samples: int,
+    seq_length: int,
+    seed: int,
+    paths: dict[str, str],
+) -> None:
+    start = time.time()
+    rng = np.random.RandomState(seed)
+    num_epochs = num_epochs_needed(epoch_tokens, seq_length, num_samples)
+    doc_idx = build_doc_idx(documents, num_epochs, rng)
+    sample_idx = build_sample_idx(sizes, doc_idx, seq_length, num_epochs, epoch_tokens)
+    shuffle_idx = build_shuffle_idx(len(sample_idx) - 1, rng)
+    for kind, values in zip(INDEX_KINDS, (doc_idx, sample_idx, shuffle_idx)):
+        _save_atomically(paths[kind], values)
+    logger.info(
+        "built %s index mappings: %d samples over %d epochs in %.2f s (%s)",
+        name, len(shuffle_idx), num_epochs, time.time() - start, paths["doc_idx"],
+    )
+
+
+def _save_atomically(path: str, values: np.ndarray) -> None:
+    """Write under a temporary name and rename, so no reader ever sees half a file."""
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "wb") as stream:
+        np.save(stream, values)
+    os.replace(temporary, path)
+
+
+def _load(path: str) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as error:
+        raise ValueError(f"index cache {path} is unreadable ({error}); delete it to rebuild") from error

@@ -1,0 +1,240 @@
+"""Megatron / GPT-NeoX memory-mapped indexed dataset: ``PREFIX.bin`` + ``PREFIX.idx``.
+
+Kept byte-compatible with GPT-NeoX and Megatron-LM so corpora tokenised by
+either tool load here unchanged. ``PREFIX.bin`` holds the token sequences back
+to back and nothing else. ``PREFIX.idx`` is, all little-endian:
+
+    9 bytes    magic b"MMIDIDX\\x00\\x00"
+    uint64     version, always 1
+    uint8      dtype code of the tokens in .bin (``DTYPE_CODES``)
+    uint64     n, the number of sequences
+    uint64     m, the number of doc_idx entries
+    int32[n]   sizes: tokens in each sequence
+    int64[n]   pointers: byte offset of each sequence in .bin
+    int64[m]   doc_idx: 0, then the sequence count after each finished document
+
+Both files are memory-mapped, so opening a Pile-sized dataset costs no RAM.
+"""
+
+import array
+import os
+import struct
+
+import numpy as np
+import torch
+
+INDEX_MAGIC = b"MMIDIDX\x00\x00"
+INDEX_VERSION = 1
+# GPT-NeoX's table. (Megatron-core swaps 6 and 7; token data never uses either.)
+DTYPE_CODES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float32,
+    7: np.float64,
+    8: np.uint16,
+}
+_HEADER = struct.Struct("<9sQBQQ")
+_LITTLE_INT32 = np.dtype("<i4")
+_LITTLE_INT64 = np.dtype("<i8")
+
+TokenArray = np.ndarray | torch.Tensor
+
+
+class IndexedDatasetError(ValueError):
+    """A ``.bin``/``.idx`` pair that is corrupt, truncated or mismatched."""
+
+
+def index_file_path(prefix: str) -> str:
+    return prefix + ".idx"
+
+
+def data_file_path(prefix: str) -> str:
+    return prefix + ".bin"
+
+
+def best_fitting_dtype(vocab_size: int) -> type:
+    """Smallest token dtype GPT-NeoX uses for a vocabulary: halves the .bin for vocabs < 65500."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return np.uint16 if vocab_size < 65500 else np.int32
+
+
+def dtype_code(dtype) -> int:
+    """The .idx code of ``dtype``; error if the format cannot store it."""
+    for code, candidate in DTYPE_CODES.items():
+        if np.dtype(candidate) == np.dtype(dtype):
+            return code
+    supported = ", ".join(np.dtype(d).name for d in DTYPE_CODES.values())
+    raise ValueError(f"dtype {np.dtype(dtype).name} cannot be stored in an indexed dataset; use one of: {supported}")
+
+
+def _little_endian(dtype) -> np.dtype:
+    return np.dtype(dtype).newbyteorder("<")
+
+
+def _memmap(path: str, dtype: np.dtype, offset: int = 0, count: int = -1) -> np.ndarray:
+    """Read-only view of ``count`` items at ``offset``; numpy cannot map zero bytes, hence the plain empty array."""
+    if count == 0 or os.path.getsize(path) == offset:
+        return np.empty(0, dtype=dtype)
+    shape = None if count < 0 else (count,)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+class MMapIndexedDataset:
+    """Random access to the token sequences of ``PREFIX.bin`` through ``PREFIX.idx``."""
+
+    def __init__(self, prefix: str):
+        self._open(prefix)
+
+    def _open(self, prefix: str) -> None:
+        self.prefix = prefix
+        idx_path, bin_path = index_file_path(prefix), data_file_path(prefix)
+        for path in (idx_path, bin_path):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"indexed dataset file {path} not found: the data prefix must be the path without "
+                    f".bin/.idx (e.g. data/demo/demo_text_document), produced by tools/preprocess_data.py"
+                )
+        idx_bytes = os.path.getsize(idx_path)
+        if idx_bytes < _HEADER.size:
+            raise IndexedDatasetError(f"{idx_path}: {idx_bytes} bytes is shorter than the {_HEADER.size}-byte header")
+        with open(idx_path, "rb") as stream:
+            magic, version, code, num_sequences, num_doc_idx = _HEADER.unpack(stream.read(_HEADER.size))
+        if magic != INDEX_MAGIC:
+            raise IndexedDatasetError(
+                f"{idx_path}: magic {magic!r} is not {INDEX_MAGIC!r}; this is not a Megatron mmap index "
+                f"(re-run tools/preprocess_data.py)"
+            )
+        if version != INDEX_VERSION:
+            raise IndexedDatasetError(f"{idx_path}: index version {version} is not the supported {INDEX_VERSION}")
+        if code not in DTYPE_CODES:
+            raise IndexedDatasetError(f"{idx_path}: unknown dtype code {code}; known codes are {sorted(DTYPE_CODES)}")
+        expected_idx_bytes = _HEADER.size + num_sequences * (4 + 8) + num_doc_idx * 8
+        if idx_bytes != expected_idx_bytes:
+            raise IndexedDatasetError(
+                f"{idx_path}: {idx_bytes} bytes, but its header ({num_sequences} sequences, {num_doc_idx} doc_idx "
+                f"entries) needs {expected_idx_bytes}; the index is truncated or corrupt"
+            )
+        self._dtype = np.dtype(DTYPE_CODES[code])
+        self._sizes = _memmap(idx_path, _LITTLE_INT32, _HEADER.size, num_sequences)
+        self._pointers = _memmap(idx_path, _LITTLE_INT64, _HEADER.size + num_sequences * 4, num_sequences)
+        self._doc_idx = _memmap(idx_path, _LITTLE_INT64, _HEADER.size + num_sequences * 12, num_doc_idx)
+        self._check_data_file(idx_path, bin_path)
+        self._tokens = _memmap(bin_path, _little_endian(self._dtype))
+
+    def _check_data_file(self, idx_path: str, bin_path: str) -> None:
+        itemsize = self._dtype.itemsize
+        bin_bytes = os.path.getsize(bin_path)
+        expected_bin_bytes = int(np.sum(self._sizes, dtype=np.int64)) * itemsize
+        if bin_bytes != expected_bin_bytes:
+            raise IndexedDatasetError(
+                f"{bin_path} is {bin_bytes} bytes but {idx_path} describes {expected_bin_bytes} bytes "
+                f"({len(self._sizes)} sequences of {self._dtype.name}); the pair is truncated or mismatched"
+            )
+        if len(self._sizes) and (
+            self._pointers[0] != 0 or self._pointers[-1] + int(self._sizes[-1]) * itemsize != bin_bytes
+        ):
+            raise IndexedDatasetError(f"{idx_path}: sequence pointers disagree with the sizes; the index is corrupt")
+
+    def __getstate__(self) -> str:
+        return self.prefix
+
+    def __setstate__(self, prefix: str) -> None:
+        self._open(prefix)
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __getitem__(self, idx: int | slice):
+        """One sequence as an array, or a contiguous slice as a list of arrays."""
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step != 1:
+                raise ValueError(f"slices of {self.prefix} must be contiguous (step 1), got step {step}")
+            return [self.get(i) for i in range(start, stop)]
+        return self.get(idx)
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens ``offset .. offset+length`` of sequence ``idx`` (to its end when length is None)."""
+        count = len(self)
+        if not -count <= idx < count:
+            raise IndexError(f"sequence {idx} out of range for {self.prefix} with {count} sequences")
+        idx = int(idx) % count
+        size = int(self._sizes[idx])
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise IndexError(f"tokens [{offset}, {offset + length}) out of range for sequence {idx} of size {size}")
+        start = int(self._pointers[idx]) // self._dtype.itemsize + offset
+        return np.asarray(self._tokens[start : start + length])
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self._sizes
+
+    @property
+    def doc_idx(self) -> np.ndarray:
+        return self._doc_idx
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+
+class MMapIndexedDatasetBuilder:
+    """Streams sequences into a ``.bin`` and writes the matching ``.idx`` on ``finalize``.
+
+    Sizes are kept in compact C arrays (4 bytes a sequence), so building a
+    Pile-scale dataset stays within memory.
+    """
+
+    def __init__(self, bin_path: str, dtype=np.int32):
+        dtype_code(dtype)
+        self._dtype = np.dtype(dtype)
+        self._bin_path = bin_path
+        self._data_file = open(bin_path, "wb")
+        self._sizes = array.array("i")
+        self._doc_idx = array.array("q", [0])
+
+    def add_item(self, tokens: TokenArray) -> None:
+        """Append one 1-D sequence of tokens."""
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.detach().cpu().numpy()
+        values = np.asarray(tokens)
+        if values.ndim != 1:
+            raise ValueError(f"{self._bin_path}: add_item takes a 1-D token sequence, got shape {values.shape}")
+        if np.issubdtype(self._dtype, np.integer) and values.size:
+            if not np.issubdtype(values.dtype, np.integer):
+                raise ValueError(f"{self._bin_path}: tokens must be integers, got {values.dtype.name}")
+            limits = np.iinfo(self._dtype)
+            low, high = int(values.min()), int(values.max())
+            if low < limits.min or high > limits.max:
+                raise ValueError(
+                    f"{self._bin_path}: token {low if low < limits.min else high} does not fit {self._dtype.name}; "
+                    f"build with a wider dtype (best_fitting_dtype(vocab_size))"
+                )
+        if values.size > np.iinfo(np.int32).max:
+            raise ValueError(f"{self._bin_path}: a sequence of {values.size} tokens exceeds the format's int32 size")
+        self._data_file.write(values.astype(_little_endian(self._dtype), copy=False).tobytes())
+        self._sizes.append(values.size)
+
+    def end_document(self) -> None:
+        """Mark the sequences added since the last call as one document."""
+        self._doc_idx.append(len(self._sizes))
+
+    def finalize(self, idx_path: str) -> None:
+        """Close the ``.bin`` and write the ``.idx`` describing it."""
+        self._data_file.close()
+        sizes = np.frombuffer(self._sizes, dtype=np.intc).astype(_LITTLE_INT32)
+        pointers = np.zeros(len(sizes), dtype=_LITTLE_INT64)
+        np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
+        pointers *= self._dtype.itemsize
+        doc_idx = np.frombuffer(self._doc_idx, dtype=np.longlong).astype(_LITTLE_INT64)
+        with open(idx_path, "wb") as stream:
+            stream.write(_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, dtype_code(self._dtype), len(sizes), len(doc_idx)))
+            stream.write(sizes.tobytes())
+            stream.write(pointers.tobytes())
+            stream.write(doc_idx.tobytes())

@@ -1,0 +1,67 @@
+"""The three index arrays behind a GPT-2 style dataset (Megatron / GPT-NeoX semantics).
+
+The documents of a split are read epoch after epoch as one token stream;
+sample ``i`` is the ``seq_length + 1`` tokens starting at stream position
+``i * seq_length``, so neighbouring samples share one token (the last input
+of one is the first label of the next) and samples cross document borders.
+
+* doc_idx: the split's documents repeated ``num_epochs`` times, each epoch
+  shuffled on its own, so every document appears once per epoch.
+* sample_idx: ``[num_samples + 1, 2]`` rows of (position in doc_idx, token
+  offset in that document) for the first token of every sample; row
+  ``i + 1`` is also where sample ``i`` ends (inclusive).
+* shuffle_idx: a permutation of the samples, the order training reads them.
+
+Pure NumPy; ``build_sample_idx`` has exactly the contract of the C++ helper
+that will replace it for Pile-scale corpora.
+"""
+
+import numpy as np
+
+
+def tokens_per_epoch(documents: np.ndarray, sizes: np.ndarray) -> int:
+    return int(np.sum(sizes[documents], dtype=np.int64))
+
+
+def num_epochs_needed(epoch_tokens: int, seq_length: int, num_samples: int) -> int:
+    """Fewest epochs holding ``num_samples`` samples: each takes seq_length new tokens, plus one at the very end."""
+    if epoch_tokens <= 0:
+        raise ValueError("the documents of this split hold no tokens, so no sample can be built")
+    needed_tokens = num_samples * seq_length + 1
+    return -(-needed_tokens // epoch_tokens)
+
+
+def build_doc_idx(documents: np.ndarray, num_epochs: int, rng: np.random.RandomState) -> np.ndarray:
+    """``documents`` repeated ``num_epochs`` times, each epoch in its own random order."""
+    dtype = np.int32 if len(documents) == 0 or int(np.max(documents)) < np.iinfo(np.int32).max else np.int64
+    epoch = np.asarray(documents, dtype=dtype)
+    return np.concatenate([rng.permutation(epoch) for _ in range(num_epochs)])
+
+
+def build_sample_idx(
+    sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, num_epochs: int, epoch_tokens: int
+) -> np.ndarray:
+    """(doc_idx position, token offset) where each sample starts, plus the end row.
+
+    ``sizes`` are the tokens per document and ``doc_idx`` the document order.
+    Returns int64 ``[num_samples + 1, 2]`` with ``num_samples =
+    (num_epochs * epoch_tokens - 1) // seq_length``. Every position lies inside
+    a non-empty document, so offsets are always smaller than its size.
+    """
+    num_samples = (num_epochs * epoch_tokens - 1) // seq_length
+    doc_lengths = np.asarray(sizes, dtype=np.int64)[doc_idx]
+    doc_ends = np.cumsum(doc_lengths)
+    starts = np.arange(num_samples + 1, dtype=np.int64) * seq_length
+    positions = np.searchsorted(doc_ends, starts, side="right")
+    sample_idx = np.empty((num_samples + 1, 2), dtype=np.int64)
+    sample_idx[:, 0] = positions
+    sample_idx[:, 1] = starts - (doc_ends[positions] - doc_lengths[positions])
+    return sample_idx
+
+
+def build_shuffle_idx(num_samples: int, rng: np.random.RandomState) -> np.ndarray:
+    """A random permutation of ``range(num_samples)``, uint32 while that suffices."""
+    dtype = np.uint32 if num_samples < np.iinfo(np.uint32).max - 1 else np.int64
+    shuffle_idx = np.arange(num_samples, dtype=dtype)
+    rng.shuffle(shuffle_idx)
+    return shuffle_idx

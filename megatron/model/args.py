@@ -1,0 +1,114 @@
+"""The model's own view of the configuration.
+
+The model reads only this small dataclass, so it can be built and tested without the full
+training config; `TokenFormerArgs.from_config` copies the same-named (GPT-NeoX) attributes
+from any config object.
+"""
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+POSITION_EMBEDDINGS = ("rotary", "learned", "none")
+LAYER_NORMS = ("layernorm_nonparam", "layernorm")
+NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
+INIT_METHODS = ("normal", "scaled_normal", "wang_init", "small_init", "xavier_normal", "xavier_uniform")
+
+
+@dataclass
+class TokenFormerArgs:
+    """Hyper-parameters of a TokenFormer; names and defaults follow GPT-NeoX / the official release.
+
+    `max_position_embeddings=None` means `seq_length` (as in GPT-NeoX); `final_norm=None` means the
+    same kind as `norm` (as in the official code).
+    """
+
+    padded_vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    qkv_slot_num: int
+    proj_slot_num: int
+    ffn_slot_num: int
+    seq_length: int
+    max_position_embeddings: int | None = None
+    pos_emb: str = "rotary"
+    rotary_pct: float = 1.0
+    rotary_emb_base: int = 10000
+    norm: str = "layernorm_nonparam"
+    final_norm: str | None = "layernorm"
+    layernorm_epsilon: float = 1e-5
+    no_weight_tying: bool = False
+    norm_activation_type: str = "l2_norm_gelu"
+    pattention_tau: float = 1.0
+    init_method: str = "normal"
+    output_layer_init_method: str = "scaled_normal"
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    checkpoint_activations: bool = False
+    checkpoint_num_layers: int = 1
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.max_position_embeddings is None:
+            self.max_position_embeddings = self.seq_length
+        if self.final_norm is None:
+            self.final_norm = self.norm
+        self._validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """Leading dims of each head that get rotary embeddings (GPT-NeoX: int(head_dim * rotary_pct))."""
+        return int(self.head_dim * self.rotary_pct) if self.pos_emb == "rotary" else 0
+
+    @classmethod
+    def from_config(cls, cfg: Any, **overrides: Any) -> "TokenFormerArgs":
+        """Build from any object with GPT-NeoX-named attributes; absent optional ones keep defaults.
+
+        `overrides` take precedence over the config (e.g. a vocabulary size before the tokenizer sets it).
+        """
+        values = dict(overrides)
+        for field in fields(cls):
+            if field.name in values:
+                continue
+            if hasattr(cfg, field.name):
+                values[field.name] = getattr(cfg, field.name)
+            elif field.default is MISSING:
+                raise ValueError(f"config has no '{field.name}', which the model needs: set it in the config")
+        return cls(**values)
+
+    def _validate(self) -> None:
+        positive = ("padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads", "qkv_slot_num",
+                    "proj_slot_num", "ffn_slot_num", "seq_length", "max_position_embeddings", "checkpoint_num_layers")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        choices = {"pos_emb": POSITION_EMBEDDINGS, "norm": LAYER_NORMS, "final_norm": LAYER_NORMS,
+                   "norm_activation_type": NORM_ACTIVATIONS, "init_method": INIT_METHODS,
+                   "output_layer_init_method": INIT_METHODS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be one of {allowed}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                             f"{self.num_attention_heads}: choose a head count that divides it")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be in [0, 1)")
+        if self.pos_emb == "rotary":
+            if not 0.0 < self.rotary_pct <= 1.0:
+                raise ValueError(f"rotary_pct={self.rotary_pct!r}: must be in (0, 1]")
+            if self.rotary_dims == 0 or self.rotary_dims % 2:
+                raise ValueError(f"rotary_pct={self.rotary_pct} gives {self.rotary_dims} rotary dims of a "
+                                 f"{self.head_dim}-dim head: choose rotary_pct so head_dim*rotary_pct is even and > 0")
+        if self.pos_emb == "learned" and self.max_position_embeddings < self.seq_length:
+            raise ValueError(f"max_position_embeddings={self.max_position_embeddings} is below seq_length="
+                             f"{self.seq_length}: learned positions need one row per position; raise it")
+        for name in ("pattention_tau", "layernorm_epsilon", "init_method_std", "rotary_emb_base"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be positive")

@@ -1,0 +1,32 @@
+"""Training FLOPs per token of a TokenFormer: the one formula the training log and benchmarks share.
+
+Forward, per token (a multiply-add counts as 2 FLOPs; element-wise ops, norms and Θ are ignored):
+    Pattention d_in -> d_out with n tokens:  2·d_in·n (X·K_Pᵀ) + 2·n·d_out (Θ(·)·V_P)
+    per layer:  Q, K, V (qkv_slot_num) + proj (proj_slot_num) + FFN (ffn_slot_num) Pattentions, all d -> d,
+                + attention 2·2·s·d (scores Q·Kᵀ and context A·V; causal counted in full, as Megatron does)
+    logits:     2·d·V
+Training = 3 × forward (backward ≈ 2 × forward). Activation checkpointing recomputes the layers' forward
+once more during backward (the logits are not recomputed), added when `include_recompute` is true.
+"""
+
+from megatron.model.args import TokenFormerArgs
+
+
+def _pattention_flops(input_dim: int, output_dim: int, num_tokens: int) -> int:
+    return 2 * input_dim * num_tokens + 2 * num_tokens * output_dim
+
+
+def layer_forward_flops_per_token(args: TokenFormerArgs) -> int:
+    """Forward FLOPs of one TokenFormer block per token."""
+    d = args.hidden_size
+    pattentions = (3 * _pattention_flops(d, d, args.qkv_slot_num) + _pattention_flops(d, d, args.proj_slot_num)
+                   + _pattention_flops(d, d, args.ffn_slot_num))
+    return pattentions + 2 * 2 * args.seq_length * d
+
+
+def flops_per_token(args: TokenFormerArgs, include_recompute: bool) -> int:
+    """Training (forward + backward) FLOPs per token; see the module docstring for the formula."""
+    layers_forward = args.num_layers * layer_forward_flops_per_token(args)
+    logits_forward = 2 * args.hidden_size * args.padded_vocab_size
+    recompute = layers_forward if include_recompute else 0
+    return 3 * (layers_forward + logits_forward) + recompute

@@ -1,0 +1,34 @@
+"""One pre-norm TokenFormer block: token-token attention, then a Pattention "FFN".
+
+    x = x + Dropout(Attention(input_layernorm(x)))
+    x = x + Dropout(mlp(post_attention_layernorm(x)))     # mlp: Pattention d -> d, ffn_slot_num tokens
+
+Submodule names (`input_layernorm`, `attention`, `post_attention_layernorm`, `mlp`) match the official
+release.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from megatron.model.args import TokenFormerArgs
+from megatron.model.attention import SelfAttention
+from megatron.model.norms import make_layer_norm
+from megatron.model.pattention import Pattention
+
+
+class TokenFormerLayer(nn.Module):
+    """x [b, s, d] -> [b, s, d]."""
+
+    def __init__(self, args: TokenFormerArgs, device: str | torch.device | None = None) -> None:
+        super().__init__()
+        d = args.hidden_size
+        self.input_layernorm = make_layer_norm(args.norm, d, args.layernorm_epsilon, device)
+        self.attention = SelfAttention(args, device)
+        self.post_attention_layernorm = make_layer_norm(args.norm, d, args.layernorm_epsilon, device)
+        self.mlp = Pattention(d, d, args.ffn_slot_num, args.norm_activation_type, args.pattention_tau, device=device)
+        self.hidden_dropout = args.hidden_dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + F.dropout(self.attention(self.input_layernorm(x)), self.hidden_dropout, self.training)
+        return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), self.hidden_dropout, self.training)

@@ -1,0 +1,35 @@
+"""The interface the data pipeline and text generation rely on, whatever the tokenizer."""
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+
+class AbstractTokenizer(ABC):
+    """Text to token ids and back, plus the ids of the end-of-document and padding tokens."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids, before padding for model parallelism (see ``pad_vocab_size``)."""
+
+    @property
+    @abstractmethod
+    def eod(self) -> int:
+        """Id appended after each document so samples spanning documents show the border."""
+
+    @property
+    @abstractmethod
+    def pad(self) -> int:
+        """Id used to fill short sequences."""
+
+    @abstractmethod
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of ``text``."""
+
+    def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of each text; tokenizers with a native batch encoder override this for speed."""
+        return [self.tokenize(text) for text in texts]
+
+    @abstractmethod
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; the end-of-document and padding ids are dropped."""

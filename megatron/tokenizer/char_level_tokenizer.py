@@ -1,0 +1,33 @@
+"""Byte-level tokenizer needing no files: ids 0-255 are the UTF-8 bytes, 256 ends a document."""
+
+from collections.abc import Sequence
+
+from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
+
+_BYTE_VALUES = 256
+
+
+class CharLevelTokenizer(AbstractTokenizer):
+    """Every text round-trips exactly; useful for tests and tokenizer-free experiments."""
+
+    @property
+    def vocab_size(self) -> int:
+        return _BYTE_VALUES + 1
+
+    @property
+    def eod(self) -> int:
+        return _BYTE_VALUES
+
+    @property
+    def pad(self) -> int:
+        return self.eod
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        values = [int(i) for i in ids]
+        invalid = [i for i in values if not 0 <= i < self.vocab_size]
+        if invalid:
+            raise ValueError(f"CharLevelTokenizer ids lie in [0, {self.vocab_size}), got {invalid[:5]}")
+        return bytes(i for i in values if i != self.eod).decode("utf-8", errors="replace")

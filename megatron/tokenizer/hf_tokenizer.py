@@ -1,0 +1,51 @@
+"""A HuggingFace ``tokenizer.json`` (e.g. GPT-NeoX-20B's) through the ``tokenizers`` library."""
+
+from collections.abc import Sequence
+
+from tokenizers import Tokenizer
+
+from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
+
+EOD_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|padding|>"
+
+
+class HFTokenizer(AbstractTokenizer):
+    """GPT-NeoX conventions: eod is ``<|endoftext|>``; pad is ``<|padding|>``, or eod when the vocab has none."""
+
+    def __init__(self, vocab_file: str):
+        try:
+            self._tokenizer = Tokenizer.from_file(vocab_file)
+        except Exception as error:  # the Rust side raises plain Exception for unreadable JSON
+            raise ValueError(f"vocab_file {vocab_file} is not a valid tokenizer.json: {error}") from error
+        eod = self._tokenizer.token_to_id(EOD_TOKEN)
+        if eod is None:
+            raise ValueError(f"vocab_file {vocab_file} has no {EOD_TOKEN} token (HFTokenizer ends documents with it)")
+        pad = self._tokenizer.token_to_id(PAD_TOKEN)
+        self._eod = eod
+        self._pad = eod if pad is None else pad
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eod(self) -> int:
+        return self._eod
+
+    @property
+    def pad(self) -> int:
+        return self._pad
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+    def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts))]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        values = [int(i) for i in ids]
+        invalid = [i for i in values if not 0 <= i < self.vocab_size]
+        if invalid:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {invalid[:5]}")
+        return self._tokenizer.decode(values, skip_special_tokens=True)

@@ -1,0 +1,71 @@
+"""Datasets and per-rank batch iterators for training and evaluation.
+
+Each data-parallel rank reads its own slice of every global batch. The training
+iterator starts at `consumed_samples`, so a resumed run reads exactly the
+samples an uninterrupted run would. Evaluation always reads the *first*
+`eval_iters` global batches of the validation split, so every evaluation of
+every run and layout scores the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from megatron.data.data_utils import (
+    build_train_valid_test_datasets,
+    build_datasets_from_paths,
+)
+from megatron.data.samplers import PretrainingSampler
+
+
+@dataclass
+class Splits:
+    train: Dataset | None
+    valid: Dataset | None
+    test: Dataset | None
+
+
+def build_datasets(cfg) -> Splits:
+    global_batch = cfg.train_batch_size
+    num_samples = [
+        cfg.train_iters * global_batch,
+        cfg.eval_iters * global_batch,
+        cfg.eval_iters * global_batch,
+    ]
+    if cfg.train_data_paths:
+        datasets = build_datasets_from_paths(
+            cfg.train_data_paths,
+            cfg.valid_data_paths,
+            cfg.test_data_paths,
+            num_samples,
+            cfg.seq_length,
+            cfg.seed,
+        )
+    else:
+        datasets = build_train_valid_test_datasets(
+            cfg.data_path, cfg.split, num_samples, cfg.seq_length, cfg.seed
+        )
+    return Splits(*datasets)
+
+
+def _collate(samples: list[dict[str, np.ndarray]]) -> torch.Tensor:
+    return torch.from_numpy(np.stack([s["text"] for s in samples]).astype(np.int64))
+
+
+def batch_iterator(
+    dataset: Dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int
+) -> Iterator[torch.Tensor]:
+    """Yields this rank's micro-batches of token ids [micro_batch, seq_length + 1]."""
+    sampler = PretrainingSampler(
+        total_samples=len(dataset),
+        consumed_samples=consumed_samples,
+        micro_batch_size=micro_batch_size,
+        data_parallel_rank=dp_rank,
+        data_parallel_size=dp_size,
+    )
+    return iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=_collate, num_workers=0))

@@ -1,0 +1,56 @@
+"""Start torch.distributed through DeepSpeed and create the parallel groups.
+
+Device-agnostic: the backend comes from DeepSpeed's accelerator (NCCL on CUDA,
+gloo on CPU), so the same entry point runs on a GPU cluster and on this laptop-
+class CPU machine.
+"""
+
+from __future__ import annotations
+
+import random
+
+import deepspeed
+import numpy as np
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+
+from megatron import mpu
+from megatron.config import ConfigError
+
+
+def communication_backend(cfg) -> str:
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cuda":
+        return cfg.distributed_backend
+    return accelerator.communication_backend_name()
+
+
+def initialize_distributed(cfg) -> mpu.ParallelLayout:
+    """init_process_group (once), check the world size, build the groups, seed."""
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=communication_backend(cfg), verbose=False)
+    world = dist.get_world_size()
+    if cfg.world_size is not None and cfg.world_size != world:
+        raise ConfigError(
+            f"the config was resolved for {cfg.world_size} processes but {world} started; "
+            "launch through deepy.py, or set num_gpus to the number of processes"
+        )
+    if cfg.model_parallel_size > 1 or cfg.pipe_parallel_size > 1:
+        raise ConfigError(
+            f"model_parallel_size={cfg.model_parallel_size}, pipe_parallel_size={cfg.pipe_parallel_size}: "
+            "this version trains data-parallel only; set both to 1 (pipe_parallel_size 0 is also accepted)"
+        )
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(dist.get_rank() % accelerator.device_count())
+    layout = mpu.initialize_model_parallel(cfg.model_parallel_size, max(1, cfg.pipe_parallel_size))
+    set_seed(cfg.seed)
+    return layout
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    get_accelerator().manual_seed_all(seed)

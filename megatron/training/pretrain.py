@@ -1,0 +1,173 @@
+"""The pretraining run: set up, train with periodic evaluation and checkpoints, summarise."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import deepspeed
+import torch.distributed as dist
+
+from megatron import mpu
+from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
+from megatron.config import ConfigError, check_run_inputs
+from megatron.learning_rates import LRSchedule
+from megatron.metrics import MetricsWriter
+from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
+from megatron.tokenizer import build_tokenizer, pad_vocab_size
+from megatron.training.data import batch_iterator, build_datasets
+from megatron.training.distributed import initialize_distributed
+from megatron.training.optimizer import build_optimizer, deepspeed_config
+from megatron.training.step import evaluate, train_step
+
+
+def print_rank_0(message: str) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+@dataclass
+class RunState:
+    iteration: int = 0
+    consumed_samples: int = 0
+    last_train_loss: float | None = None
+    last_valid_loss: float | None = None
+    tokens_per_sec: float | None = None
+
+
+def setup_model_and_engine(cfg):
+    """Tokenizer (for the vocabulary size), model, optimizer and the DeepSpeed engine."""
+    tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
+    cfg.padded_vocab_size = pad_vocab_size(
+        tokenizer.vocab_size, cfg.make_vocab_size_divisible_by, cfg.model_parallel_size
+    )
+    model_args = TokenFormerArgs.from_config(cfg)
+    model = TokenFormerModel(model_args)
+    from deepspeed.accelerator import get_accelerator
+
+    optimizer = build_optimizer(model, cfg, get_accelerator().device_name())
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=deepspeed_config(cfg), dist_init_required=False
+    )
+    return engine, optimizer, model_args
+
+
+class Trainer:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        check_run_inputs(cfg)
+        self.layout = initialize_distributed(cfg)
+        self.engine, self.optimizer, self.model_args = setup_model_and_engine(cfg)
+        self.schedule = LRSchedule.from_config(cfg)
+        self.metrics = MetricsWriter(cfg, dist.get_rank())
+        self.splits = build_datasets(cfg)
+        self.state = RunState()
+        if cfg.load:
+            iteration, consumed = load_checkpoint(self.engine, cfg, load_optimizer=not cfg.eval_only)
+            self.state.iteration, self.state.consumed_samples = iteration, consumed
+            if iteration:
+                print_rank_0(f"resumed from {cfg.load} at iteration {iteration}")
+            elif cfg.eval_only:
+                raise ConfigError(f"eval_only: no checkpoint found in load={cfg.load!r} (no 'latest' file)")
+        self.flops_per_token = flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations)
+
+    def _iterator(self, dataset, consumed: int):
+        return batch_iterator(
+            dataset,
+            consumed,
+            self.cfg.train_micro_batch_size_per_gpu,
+            mpu.get_data_parallel_rank(),
+            mpu.get_data_parallel_world_size(),
+        )
+
+    def evaluate(self) -> float | None:
+        cfg = self.cfg
+        if self.splits.valid is None or cfg.eval_iters == 0:
+            return None
+        loss = evaluate(self.engine, self._iterator(self.splits.valid, 0), cfg.eval_iters)
+        self.state.last_valid_loss = loss
+        self.metrics.write({"iteration": self.state.iteration, "split": "valid", "lm_loss": loss})
+        print_rank_0(f"validation at iteration {self.state.iteration} | lm_loss {loss:.4f}")
+        return loss
+
+    def train(self) -> RunState:
+        cfg, state = self.cfg, self.state
+        if state.iteration >= cfg.train_iters:
+            print_rank_0(f"nothing to do: checkpoint is at iteration {state.iteration} >= train_iters")
+            return state
+        batches = self._iterator(self.splits.train, state.consumed_samples)
+        tokens_per_step = cfg.train_batch_size * cfg.seq_length
+        window_start, window_steps = time.perf_counter(), 0
+        while state.iteration < cfg.train_iters:
+            lr = self.schedule.apply(self.optimizer, state.iteration)
+            loss = train_step(self.engine, batches)
+            state.iteration += 1
+            state.consumed_samples += cfg.train_batch_size
+            state.last_train_loss = loss
+            window_steps += 1
+            if state.iteration % cfg.log_interval == 0 or state.iteration == cfg.train_iters:
+                elapsed = time.perf_counter() - window_start
+                self._log_train(loss, lr, elapsed / window_steps, tokens_per_step)
+                window_start, window_steps = time.perf_counter(), 0
+            if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
+                self.evaluate()
+            if should_save(cfg, state.iteration):
+                save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples)
+        return state
+
+    def _log_train(self, loss: float, lr: float, seconds_per_iter: float, tokens_per_step: int) -> None:
+        tokens_per_sec = tokens_per_step / seconds_per_iter
+        self.state.tokens_per_sec = tokens_per_sec
+        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        flops = tokens_per_sec * self.flops_per_token
+        record = {
+            "iteration": self.state.iteration,
+            "split": "train",
+            "lm_loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "ms_per_iter": seconds_per_iter * 1000,
+            "tokens_per_sec": tokens_per_sec,
+            "flops_per_sec": flops,
+            "consumed_samples": self.state.consumed_samples,
+        }
+        self.metrics.write(record)
+        norm_text = f"{grad_norm:.3f}" if grad_norm is not None else "n/a"
+        print_rank_0(
+            f"iteration {self.state.iteration:>6}/{self.cfg.train_iters} | lm_loss {loss:.4f} | lr {lr:.3e} | "
+            f"grad_norm {norm_text} | {seconds_per_iter * 1000:.1f} ms/iter | "
+            f"{tokens_per_sec:,.0f} tokens/s | {flops / 1e9:.2f} GFLOP/s"
+        )
+
+    def summary(self) -> str:
+        cfg, state = self.cfg, self.state
+        lines = ["", "run summary"]
+
+        def fmt(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.4f}"
+
+        lines.append(f"  iterations        {state.iteration}")
+        lines.append(f"  final train loss  {fmt(state.last_train_loss)}")
+        lines.append(f"  final valid loss  {fmt(state.last_valid_loss)}")
+        if state.tokens_per_sec is not None:
+            lines.append(f"  tokens/s          {state.tokens_per_sec:,.0f}")
+        if cfg.save:
+            lines.append(f"  checkpoints       {cfg.save}")
+        if cfg.log_dir:
+            lines.append(f"  metrics           {cfg.log_dir}/metrics.jsonl")
+        return "\n".join(lines)
+
+
+def pretrain(cfg) -> RunState:
+    """Train (or, with eval_only, evaluate) the model described by `cfg`."""
+    trainer = Trainer(cfg)
+    if cfg.eval_only:
+        trainer.evaluate()
+    else:
+        trainer.train()
+        if not (cfg.eval_interval and trainer.state.iteration % cfg.eval_interval == 0):
+            trainer.evaluate()
+    print_rank_0(trainer.summary())
+    trainer.metrics.close()
+    return trainer.state

@@ -1,0 +1,41 @@
+"""Shared fixtures: the repository root, the demo corpus, and deepy.py launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory) -> Path:
+    """A small build of the demo corpus (BPE tokenizer + mmap dataset), once per session."""
+    out = tmp_path_factory.mktemp("demo_data")
+    subprocess.run(
+        [sys.executable, "data_prep/demo_corpus.py", "--out", str(out), "--max-docs", "1500", "--vocab-size", "2048"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def run_deepy(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python deepy.py ...` from the repository root, as a user runs it."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    result = subprocess.run(
+        [sys.executable, "deepy.py", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"deepy.py {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def read_metrics(log_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,112 @@
+"""End-to-end runs through `python deepy.py train.py ...`: real DeepSpeed, 2 processes on gloo.
+
+One training run of 40 iterations feeds several checks (loss drop, metrics,
+checkpoints, exact resume, eval_only), because each launch costs ~25 s here.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, read_metrics, run_deepy
+
+TINY = str(REPO / "tests" / "tiny.yml")
+
+
+def data_overrides(demo_data: Path) -> list[str]:
+    return [f"data_path={demo_data}/demo_text_document", f"vocab_file={demo_data}/tokenizer.json"]
+
+
+@pytest.fixture(scope="module")
+def baseline_run(demo_data, tmp_path_factory):
+    """40 iterations, ZeRO-1, checkpoints at 10 and 40."""
+    run_dir = tmp_path_factory.mktemp("baseline")
+    result = run_deepy(
+        "train.py",
+        TINY,
+        *data_overrides(demo_data),
+        f"save={run_dir}/checkpoints",
+        f"log_dir={run_dir}/logs",
+        "extra_save_iters=[10]",
+    )
+    return run_dir, result
+
+
+def train_losses(log_dir: Path) -> dict[int, float]:
+    return {r["iteration"]: r["lm_loss"] for r in read_metrics(log_dir) if r["split"] == "train"}
+
+
+def test_zero1_run_lowers_loss_and_writes_outputs(baseline_run):
+    run_dir, result = baseline_run
+    losses = train_losses(run_dir / "logs")
+    assert sorted(losses) == list(range(1, 41))
+    assert losses[1] - losses[40] > 1.0, losses
+    records = read_metrics(run_dir / "logs")
+    train = [r for r in records if r["split"] == "train"]
+    for key in ("lr", "grad_norm", "tokens_per_sec", "flops_per_sec"):
+        assert all(r[key] is not None and r[key] > 0 for r in train), key
+    assert [r["iteration"] for r in records if r["split"] == "valid"] == [20, 40]
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "global_step40"
+    assert (checkpoints / "global_step10" / "mp_rank_00_model_states.pt").is_file()
+    assert (checkpoints / "global_step40" / "config.json").is_file()
+    assert "run summary" in result.stdout and "final valid loss" in result.stdout
+
+
+def test_resume_from_iteration_10_is_bitwise_identical(baseline_run, demo_data, tmp_path):
+    run_dir, _ = baseline_run
+    resumed = tmp_path / "checkpoints"
+    resumed.mkdir()
+    shutil.copytree(run_dir / "checkpoints" / "global_step10", resumed / "global_step10")
+    (resumed / "latest").write_text("global_step10")
+    result = run_deepy(
+        "train.py",
+        TINY,
+        *data_overrides(demo_data),
+        f"load={resumed}",
+        f"save={resumed}",
+        f"log_dir={tmp_path}/logs",
+    )
+    assert "resumed from" in result.stdout
+    expected = train_losses(run_dir / "logs")
+    got = train_losses(tmp_path / "logs")
+    assert sorted(got) == list(range(11, 41))
+    assert all(got[i] == expected[i] for i in got), [(i, got[i], expected[i]) for i in got if got[i] != expected[i]]
+
+
+def test_eval_only_scores_the_same_validation_samples(baseline_run, demo_data, tmp_path):
+    run_dir, _ = baseline_run
+    run_deepy(
+        "train.py",
+        TINY,
+        *data_overrides(demo_data),
+        f"load={run_dir}/checkpoints",
+        "eval_only=true",
+        f"log_dir={tmp_path}/logs",
+    )
+    (record,) = read_metrics(tmp_path / "logs")
+    final_valid = [r for r in read_metrics(run_dir / "logs") if r["split"] == "valid"][-1]
+    assert record["split"] == "valid" and record["iteration"] == 40
+    assert record["lm_loss"] == pytest.approx(final_valid["lm_loss"], rel=1e-6)
+
+
+def test_misspelled_key_fails_before_any_process_starts(demo_data):
+    result = run_deepy("train.py", TINY, *data_overrides(demo_data), "hiden_size=64", check=False)
+    assert result.returncode == 2
+    assert "hiden_size" in result.stderr and "hidden_size" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_impossible_batch_fails_with_the_rule(demo_data):
+    result = run_deepy("train.py", TINY, *data_overrides(demo_data), "train_batch_size=10", check=False)
+    assert result.returncode == 2
+    assert "train_batch_size" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_data_file_is_named(tmp_path):
+    result = run_deepy("train.py", TINY, f"data_path={tmp_path}/nothing", f"vocab_file={tmp_path}/t.json", check=False)
+    assert result.returncode == 2
+    assert f"{tmp_path}/nothing" in result.stderr
