@@ -55,7 +55,8 @@ def test_malformed_lines_are_skipped_and_reported_with_line_numbers(tmp_path):
     with open(path, "ab") as stream:
         stream.write(b'{"text": "bad \xff utf8"}\n{"text": "good three"}\n')
     stats = preprocess_jsonl([path], str(tmp_path / "out"), CHAR_LEVEL, workers=2, chunk_size=2, show_progress=False)
-    assert documents_of(str(tmp_path / "out_text_document")) == [list(b"good one"), list(b"good two"), list(b"good three")]
+    expected = [list(b"good one"), list(b"good two"), list(b"good three")]
+    assert documents_of(str(tmp_path / "out_text_document")) == expected
     assert stats.skipped == 7
     locations = [example.split(": ", 1)[0] for example in stats.skipped_examples]
     assert locations == [f"{path}:{n}" for n in (2, 3, 4, 5, 6, 7, 9)]
@@ -74,7 +75,8 @@ def load_demo_corpus_module():
 @pytest.fixture(scope="module")
 def hf_tokenizer_file(tmp_path_factory):
     directory = tmp_path_factory.mktemp("hf")
-    corpus = write_jsonl(directory / "c.jsonl", [{"text": f"sample sentence number {i}, with words."} for i in range(9)])
+    texts = [f"sample sentence number {i}, with words." for i in range(50)]
+    corpus = write_jsonl(directory / "c.jsonl", [{"text": text} for text in texts])
     load_demo_corpus_module().train_tokenizer(corpus, 320, str(directory / "tokenizer.json"))
     return str(directory / "tokenizer.json")
 

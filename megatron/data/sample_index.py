@@ -49,7 +49,7 @@ def build_sample_idx(
     a non-empty document, so offsets are always smaller than its size.
     """
     num_samples = (num_epochs * epoch_tokens - 1) // seq_length
-    doc_lengths = np.asarray(sizes, dtype=np.int64)[doc_idx]
+    doc_lengths = np.asarray(sizes)[doc_idx].astype(np.int64)
     doc_ends = np.cumsum(doc_lengths)
     starts = np.arange(num_samples + 1, dtype=np.int64) * seq_length
     positions = np.searchsorted(doc_ends, starts, side="right")

@@ -100,14 +100,14 @@ class Trainer:
         window_start, window_steps = time.perf_counter(), 0
         while state.iteration < cfg.train_iters:
             lr = self.schedule.apply(self.optimizer, state.iteration)
-            loss = train_step(self.engine, batches)
+            loss, grad_norm = train_step(self.engine, batches)
             state.iteration += 1
             state.consumed_samples += cfg.train_batch_size
             state.last_train_loss = loss
             window_steps += 1
             if state.iteration % cfg.log_interval == 0 or state.iteration == cfg.train_iters:
                 elapsed = time.perf_counter() - window_start
-                self._log_train(loss, lr, elapsed / window_steps, tokens_per_step)
+                self._log_train(loss, lr, grad_norm, elapsed / window_steps, tokens_per_step)
                 window_start, window_steps = time.perf_counter(), 0
             if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
                 self.evaluate()
@@ -115,11 +115,11 @@ class Trainer:
                 save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples)
         return state
 
-    def _log_train(self, loss: float, lr: float, seconds_per_iter: float, tokens_per_step: int) -> None:
+    def _log_train(
+        self, loss: float, lr: float, grad_norm: float | None, seconds_per_iter: float, tokens_per_step: int
+    ) -> None:
         tokens_per_sec = tokens_per_step / seconds_per_iter
         self.state.tokens_per_sec = tokens_per_sec
-        grad_norm = self.engine.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else None
         flops = tokens_per_sec * self.flops_per_token
         record = {
             "iteration": self.state.iteration,

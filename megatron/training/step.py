@@ -27,22 +27,38 @@ def data_parallel_mean(value: torch.Tensor) -> float:
     return value.item() / mpu.get_data_parallel_world_size()
 
 
-def train_step(engine, batches: Iterator[torch.Tensor]) -> float:
+def _replicated_grad_norm(engine) -> float:
+    """Global gradient norm when gradients are whole on every rank (ZeRO stage 0).
+
+    DeepSpeed reports the norm itself for ZeRO 1/2 (where gradients are
+    partitioned) but not for stage 0, so we compute it there, after the
+    data-parallel all-reduce of the accumulation boundary and before the step.
+    """
+    squares = [p.grad.detach().float().pow(2).sum() for p in engine.module.parameters() if p.grad is not None]
+    return torch.stack(squares).sum().sqrt().item()
+
+
+def train_step(engine, batches: Iterator[torch.Tensor]) -> tuple[float, float | None]:
     """Forward/backward over every micro-batch of one global batch, then the update.
 
     DeepSpeed's engine scales each micro-batch loss by 1/accumulation steps and
     steps the optimizer at the accumulation boundary. Returns the mean loss
-    over the global batch (all data-parallel ranks).
+    over the global batch (all data-parallel ranks) and the gradient norm.
     """
     engine.train()
     total = torch.zeros((), device=engine.device)
     steps = engine.gradient_accumulation_steps()
+    grad_norm = None
     for _ in range(steps):
         loss = _forward(engine, next(batches))
         engine.backward(loss)
+        if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:
+            grad_norm = _replicated_grad_norm(engine)
         engine.step()
         total += loss.detach()
-    return data_parallel_mean(total / steps)
+    if grad_norm is None and engine.get_global_grad_norm() is not None:
+        grad_norm = float(engine.get_global_grad_norm())
+    return data_parallel_mean(total / steps), grad_norm
 
 
 @torch.no_grad()
