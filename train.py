@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import argparse
 import base64
+import warnings
 import zlib
 
 from megatron.config import Config
 from megatron.training import pretrain
+
+
+# DeepSpeed's ZeRO calls a torch collective that torch marks deprecated; nothing for users to act on.
+warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
 
 
 def main() -> None:
