@@ -5,22 +5,31 @@
 
 Config files merge left to right; `key=value` arguments override single keys
 (the value is read as YAML: `train_iters=100`, `optimizer={type: Adam, params: {lr: 0.001}}`).
-The config is validated here, before any process starts, printed once, and
-passed to every rank; DeepSpeed's launcher starts `num_gpus` processes per node
-(on a CPU machine: `num_gpus` local processes) or the hosts of a hostfile.
+Everything is checked here, before any process starts: the config, the
+hostfile and include/exclude, the launcher's tools and ssh reachability. The
+config is printed once and passed to every rank. `launcher` picks how ranks
+start (docs/cluster.md): DeepSpeed's runner (pdsh, the default: `num_gpus`
+local processes, or the hosts of a hostfile), srun (slurm) or mpirun
+(openmpi, mpich).
 """
 
 from __future__ import annotations
 
-import base64
-import os
+import shlex
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 from megatron.config import ConfigError, check_run_inputs, inactive_keys, load_config
-from megatron.launcher import hostfile_slots, launcher_command
+from megatron.launch import (
+    check_launcher,
+    check_reachable,
+    encode_config,
+    launch_command,
+    launch_notes,
+    process_slots,
+    world_size,
+)
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"
 
@@ -41,23 +50,24 @@ def split_arguments(args: list[str]) -> tuple[str, list[str], list[str]]:
 def main(argv: list[str]) -> int:
     try:
         script, files, overrides = split_arguments(argv)
-        probe = load_config(files, overrides)
-        slots = hostfile_slots(probe)
-        world_size = sum(slots.values())
-        cfg = load_config(files, [*overrides, f"user_script={script}"], world_size=world_size)
         from deepspeed.accelerator import get_accelerator
 
-        device = get_accelerator().device_name()
+        device, device_count = get_accelerator().device_name(), get_accelerator().device_count()
+        slots = process_slots(load_config(files, overrides), device, device_count)
+        cfg = load_config(files, [*overrides, f"user_script={script}"], world_size=world_size(slots))
         check_run_inputs(cfg, device)
+        check_launcher(cfg, slots)
+        check_reachable(cfg, slots)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
     print(cfg.format(), flush=True)
-    for key, reason in inactive_keys(cfg, device):
+    for key, reason in [*inactive_keys(cfg, device), *launch_notes(cfg)]:
         print(f"note: {key} has no effect here: {reason}", flush=True)
-    encoded = base64.urlsafe_b64encode(zlib.compress(cfg.to_json().encode(), 9)).decode()
-    command = launcher_command(cfg, slots, script, ["--megatron_config", encoded])
-    return subprocess.call(command, env=os.environ.copy())
+    command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
+    print(f"launching {world_size(slots)} processes: {shlex.join(command[:-1])} <config>", flush=True)
+    returncode = subprocess.call(command)
+    return returncode if returncode >= 0 else 128 - returncode
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron.model.fused_pattention import fused_pattention  # noqa: E402
-from megatron.model.pattention import pattention  # noqa: E402
+from megatron.model.pattention import fused_pattention, pattention  # noqa: E402
 
 SHAPES = [  # (name, d, n)
     ("150M qkv/proj", 768, 768),

@@ -25,14 +25,13 @@ import time
 import warnings
 from collections.abc import Iterator
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
 # Run as `python data_prep/demo_corpus.py` from anywhere: make the repository's `megatron` importable.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path  # noqa: E402
-from megatron.data.preprocess import output_prefix_for, preprocess_jsonl  # noqa: E402
-from megatron.tokenizer.hf_tokenizer import EOD_TOKEN, PAD_TOKEN, HFTokenizer  # noqa: E402
+from megatron.data.preprocess import output_prefix_for, preprocess_corpus  # noqa: E402
+from megatron.tokenizer.hf_tokenizer import HFTokenizer  # noqa: E402
+from megatron.tokenizer.train import minimum_vocab_size, train_byte_level_bpe  # noqa: E402
 
 MIN_DOCSTRING_CHARS = 200
 # Never imported: side effects on import (this prints, antigravity opens a browser, lib2to3 writes grammar
@@ -122,21 +121,6 @@ def _corpus_texts(path: str) -> Iterator[str]:
             yield json.loads(line)["text"]
 
 
-def train_tokenizer(corpus_path: str, vocab_size: int, tokenizer_path: str) -> None:
-    """Byte-level BPE: every string encodes (no unknown token) and decodes back exactly."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOD_TOKEN, PAD_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_corpus_texts(corpus_path), trainer)
-    _write_atomically(tokenizer_path, [tokenizer.to_str(pretty=True)])
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="data/demo", help="output directory")
@@ -144,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-docs", type=int, help="keep only the first N documents (quick tests)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the outputs exist")
     args = parser.parse_args(argv)
-    minimum_vocab = len(pre_tokenizers.ByteLevel.alphabet()) + 2
+    minimum_vocab = minimum_vocab_size("bpe")
     if args.vocab_size < minimum_vocab:
         parser.error(f"--vocab-size must be at least {minimum_vocab} (256 bytes + 2 special tokens)")
     if args.max_docs is not None and args.max_docs < 1:
@@ -164,11 +148,13 @@ def main(argv=None) -> int:
         write_corpus(collect_documents(args.max_docs), corpus_path)
         redo = True
     if redo or not os.path.isfile(tokenizer_path):
-        train_tokenizer(corpus_path, args.vocab_size, tokenizer_path)
+        train_byte_level_bpe(_corpus_texts(corpus_path), args.vocab_size, tokenizer_path)
         redo = True
     if redo or not (os.path.isfile(data_file_path(data_prefix)) and os.path.isfile(index_file_path(data_prefix))):
         tokenizer = HFTokenizer(tokenizer_path)
-        preprocess_jsonl([corpus_path], os.path.join(args.out, "demo"), tokenizer, append_eod=True, show_progress=False)
+        preprocess_corpus(
+            [corpus_path], os.path.join(args.out, "demo"), tokenizer, append_eod=True, show_progress=False
+        )
         redo = True
     dataset = MMapIndexedDataset(data_prefix)
     print(

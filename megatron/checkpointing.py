@@ -1,30 +1,45 @@
 """Save and resume training state in DeepSpeed's checkpoint layout.
 
-A checkpoint is `SAVE/global_stepN/` written by `engine.save_checkpoint`
-(model shards `mp_rank_XX_model_states.pt`, optimizer shards, and DeepSpeed's
-`SAVE/latest` marker) plus what DeepSpeed does not know about:
+A checkpoint is `SAVE/global_stepN/` written by `engine.save_checkpoint` in
+DeepSpeed's layout (weights in `mp_rank_XX_model_states.pt`, one per
+tensor-parallel rank XX, or, for a pipeline, one file per pipeline layer and
+tensor rank, `layer_II-model_XX-model_states.pt`, numbered as in
+megatron/model/pipeline.py; optimizer shards) plus what DeepSpeed does not
+know about:
 
 - `client_state` inside the model file: iteration and consumed samples, so the
   data sampler and the LR schedule continue exactly;
-- `rng_state_RANK.pt`: every rank's Python/NumPy/torch generators;
+- `rng_state_RANK.pt`: every rank's Python/NumPy/torch generators and its
+  tensor-parallel dropout stream;
 - `config.json`: the resolved config (and the text of the YAML files) the
-  checkpoint was trained with.
+  checkpoint was trained with;
+- `manifest.json`: every file's size and SHA-256.
+
+It is written under a temporary name and published, with `SAVE/latest`, only
+when complete (checkpoint_commit.py); a resume verifies it first and falls back
+to the newest intact checkpoint (checkpoint_selection.py).
 """
 
 from __future__ import annotations
 
 import json
-import random
-import re
-import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from deepspeed.accelerator import get_accelerator
 
-_TAG = re.compile(r"^global_step(\d+)$")
+from megatron import mpu
+from megatron.checkpoint_commit import (
+    commit,
+    delete_old_checkpoints,
+    remove_interrupted_saves,
+    reporting_write_failures,
+    staging_directory,
+)
+from megatron.checkpoint_safety import load_weights_only, refuse_if_model_differs
+from megatron.checkpoint_selection import resume_tag
+from megatron.config import ConfigError
+from megatron.rng_state import capture_rng_state, restore_rng_state
 
 
 def checkpoint_tag(iteration: int) -> str:
@@ -38,74 +53,62 @@ def should_save(cfg, iteration: int) -> bool:
     return bool(periodic or iteration in (cfg.extra_save_iters or ()) or iteration == cfg.train_iters)
 
 
-def _rng_state() -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "accelerator": get_accelerator().get_rng_state(),
-    }
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    get_accelerator().set_rng_state(state["accelerator"])
-
-
 def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int) -> Path:
-    tag = checkpoint_tag(iteration)
+    """Collective: write `global_stepN` under a temporary name, then publish it (checkpoint_commit.py)."""
+    save_dir, tag = Path(cfg.save), checkpoint_tag(iteration)
+    remove_interrupted_saves(save_dir)
     client_state = {"iteration": iteration, "consumed_train_samples": consumed_samples}
-    engine.save_checkpoint(cfg.save, tag=tag, client_state=client_state)
-    directory = Path(cfg.save) / tag
-    rank = dist.get_rank()
-    torch.save(_rng_state(), directory / f"rng_state_{rank}.pt")
-    if rank == 0:
-        (directory / "config.json").write_text(cfg.to_json(), encoding="utf-8")
-    dist.barrier()
-    if rank == 0 and cfg.keep_last_n_checkpoints:
-        _delete_old_checkpoints(Path(cfg.save), cfg.keep_last_n_checkpoints)
+    staging = staging_directory(save_dir, tag)
+    with reporting_write_failures(save_dir, tag):
+        engine.save_checkpoint(cfg.save, tag=staging.name, client_state=client_state, save_latest=False)
+        torch.save(capture_rng_state(), staging / f"rng_state_{dist.get_rank()}.pt")
+        if dist.get_rank() == 0:
+            (staging / "config.json").write_text(cfg.to_json(), encoding="utf-8")
+        directory = commit(save_dir, tag)
+    if cfg.keep_last_n_checkpoints:
+        delete_old_checkpoints(save_dir, cfg.keep_last_n_checkpoints, newest=iteration)
     dist.barrier()
     return directory
 
 
-def _delete_old_checkpoints(save_dir: Path, keep: int) -> None:
-    steps = sorted(
-        (int(m.group(1)), p) for p in save_dir.iterdir() if (m := _TAG.match(p.name)) and p.is_dir()
-    )
-    for _, path in steps[:-keep]:
-        shutil.rmtree(path)
-
-
-def latest_tag(load_dir: str | None) -> str | None:
-    """The tag DeepSpeed's `latest` marker points at, or None for a fresh run."""
-    if not load_dir:
-        return None
-    marker = Path(load_dir) / "latest"
-    if not marker.is_file():
-        return None
-    return marker.read_text(encoding="utf-8").strip()
+def _check_parallel_layout(directory: Path, cfg) -> None:
+    """DeepSpeed would load block mp_rank_XX of another split, or look for per-layer files a plain model
+    did not write, and fail on shapes or missing files; say what is wrong."""
+    saved_config = directory / "config.json"
+    if not saved_config.is_file():
+        return
+    saved = json.loads(saved_config.read_text(encoding="utf-8"))
+    for key, default in (("model_parallel_size", 1), ("pipe_parallel_size", 0)):
+        if saved.get(key, default) != getattr(cfg, key):
+            raise ConfigError(
+                f"load: {directory} was saved with {key}={saved.get(key, default)} but this run has "
+                f"{key}={getattr(cfg, key)}; resume with {key}={saved.get(key, default)} "
+                "(changing the split of a checkpoint is the re-shard tool's job)"
+            )
 
 
 def load_checkpoint(engine, cfg, load_optimizer: bool = True) -> tuple[int, int]:
     """Restore the latest checkpoint in `cfg.load`; returns (iteration, consumed samples)."""
-    tag = latest_tag(cfg.load)
+    tag = resume_tag(cfg.load)
     if tag is None:
         return 0, 0
-    path, client_state = engine.load_checkpoint(
-        cfg.load,
-        tag=tag,
-        load_optimizer_states=load_optimizer,
-        load_lr_scheduler_states=False,
-        load_module_strict=True,
-    )
+    _check_parallel_layout(Path(cfg.load) / tag, cfg)
+    refuse_if_model_differs(Path(cfg.load) / tag / f"mp_rank_{mpu.get_tensor_parallel_rank():02d}_model_states.pt",
+                            engine.module)
+    # no_grad: a pipeline re-broadcasts its tied weight in place while loading (see model/pipeline.py).
+    with torch.no_grad():
+        path, client_state = engine.load_checkpoint(
+            cfg.load,
+            tag=tag,
+            load_optimizer_states=load_optimizer,
+            load_lr_scheduler_states=False,
+            load_module_strict=True,
+        )
     if path is None:
         raise FileNotFoundError(
             f"load: {cfg.load}/latest names {tag!r} but DeepSpeed could not read that checkpoint"
         )
     rng_file = Path(cfg.load) / tag / f"rng_state_{dist.get_rank()}.pt"
     if rng_file.is_file():
-        # Our own file, written by save_checkpoint above (NumPy state needs full unpickling).
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+        restore_rng_state(load_weights_only(rng_file))
     return client_state["iteration"], client_state["consumed_train_samples"]

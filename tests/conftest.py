@@ -12,6 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["tests.inference_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory) -> Path:

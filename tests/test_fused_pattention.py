@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.model.fused_pattention import fused_pattention
+from megatron.model.pattention import fused_pattention
 from megatron.model.pattention import pattention
 from tests.distributed import spawn
 

@@ -185,6 +185,38 @@ def test_other_ranks_wait_for_rank_zero(corpus, tmp_path):
     assert len(cache_files(corpus[0])) == 3
 
 
+def _concurrent_job(prefix, results):
+    """An independent job: counts its own builds of the index mappings."""
+    from megatron.data import gpt2_dataset
+
+    real_build, builds = gpt2_dataset._build_index_mappings, []
+
+    def counting_build(*args):
+        builds.append(1)
+        time.sleep(0.5)  # widen the window in which the other jobs look for the cache
+        return real_build(*args)
+
+    gpt2_dataset._build_index_mappings = counting_build
+    dataset = build(prefix)
+    results.put((len(builds), [dataset[i]["text"].tolist() for i in range(len(dataset))]))
+
+
+def test_jobs_starting_together_build_once_and_agree(corpus):
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    jobs = [context.Process(target=_concurrent_job, args=(corpus[0], results)) for _ in range(3)]
+    for job in jobs:
+        job.start()
+    outcomes = [results.get(timeout=60) for _ in jobs]
+    for job in jobs:
+        job.join(timeout=30)
+        assert job.exitcode == 0
+    assert sum(builds for builds, _ in outcomes) == 1
+    assert all(samples == outcomes[0][1] for _, samples in outcomes)
+    assert len(cache_files(corpus[0])) == 3
+    assert not glob.glob(corpus[0] + "*.tmp-*")
+
+
 @pytest.mark.parametrize(
     "split, size, expected",
     [
@@ -221,5 +253,5 @@ def test_datasets_from_separate_paths(tmp_path, corpus):
     train, valid, test = build_datasets_from_paths([corpus[0]], other, None, [20, 5, 0], seq_length=8, seed=1)
     assert test is None
     assert len(set(np.asarray(train.doc_idx))) == 30 and len(set(np.asarray(valid.doc_idx))) == 5
-    with pytest.raises(ValueError, match="valid_data_paths lists 2 paths.*blending .* not supported yet"):
-        build_datasets_from_paths([corpus[0]], [other, other], None, [20, 5, 0], seq_length=8, seed=1)
+    with pytest.raises(ValueError, match="valid_data_weights has 1 entries but valid_data_paths has 2"):
+        build_datasets_from_paths([corpus[0]], [other, other], None, [20, 5, 0], 8, 1, (None, [1.0], None))

@@ -105,6 +105,41 @@ def test_idx_byte_layout_matches_the_format_description(tmp_path):
         assert stream.read() == struct.pack("<6H", 10, 11, 12, 13, 14, 15)
 
 
+# The dtype codes of Megatron-core's DType enum (GPT-NeoX's table agrees on every code it writes).
+FORMAT_DTYPE_CODES = {
+    1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 6: "<f8", 7: "<f4", 8: "<u2",
+}
+
+
+def index_bytes(code, sizes, doc_idx):
+    """An .idx built from the format description alone, as another Megatron/GPT-NeoX writer produces it."""
+    itemsize = np.dtype(FORMAT_DTYPE_CODES[code]).itemsize
+    pointers = np.concatenate([[0], np.cumsum(sizes)[:-1]]) * itemsize
+    header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, code, len(sizes), len(doc_idx))
+    return (
+        header + np.asarray(sizes, "<i4").tobytes() + np.asarray(pointers, "<i8").tobytes()
+        + np.asarray(doc_idx, "<i8").tobytes()
+    )
+
+
+@pytest.mark.parametrize("code", sorted(FORMAT_DTYPE_CODES))
+def test_files_of_other_writers_read_and_ours_match_them_byte_for_byte(tmp_path, code):
+    dtype = np.dtype(FORMAT_DTYPE_CODES[code])
+    sequences = [np.arange(3, dtype=dtype), np.array([], dtype=dtype), np.arange(5, 10).astype(dtype)]
+    sizes, doc_idx = [3, 0, 5], [0, 2, 3]
+    foreign = tmp_path / "foreign"
+    (tmp_path / "foreign.idx").write_bytes(index_bytes(code, sizes, doc_idx))
+    (tmp_path / "foreign.bin").write_bytes(b"".join(s.tobytes() for s in sequences))
+    dataset = MMapIndexedDataset(str(foreign))
+    assert dataset.dtype == dtype
+    assert [dataset[i].tolist() for i in range(3)] == [s.tolist() for s in sequences]
+    np.testing.assert_array_equal(dataset.doc_idx, doc_idx)
+    write_dataset(str(tmp_path / "ours"), [sequences[:2], sequences[2:]], dtype)
+    assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "foreign.idx").read_bytes()
+    assert (tmp_path / "ours.bin").read_bytes() == (tmp_path / "foreign.bin").read_bytes()
+    assert np.dtype(DTYPE_CODES[code]) == dtype
+
+
 def test_best_fitting_dtype():
     assert best_fitting_dtype(50277) == np.uint16
     assert best_fitting_dtype(65499) == np.uint16
@@ -147,11 +182,19 @@ def rewrite(path, change):
         (".idx", lambda b: b[:-8], "truncated or corrupt"),
         (".idx", lambda b: b[:20], "shorter than"),
         (".idx", lambda b: b[:34] + struct.pack("<i", 4) + b[38:], "truncated or mismatched"),
-        (".idx", lambda b: b[:42] + struct.pack("<q", 2) + b[50:], "pointers disagree"),
+        (".idx", lambda b: b[:42] + struct.pack("<q", 2) + b[50:], "pointer of sequence 0 is 2"),
+        (".idx", lambda b: b[:50] + struct.pack("<q", 4) + b[58:], "pointer of sequence 1 is 4, .* at byte 6"),
+        (".idx", lambda b: b[:34] + struct.pack("<ii", -1, 6) + b[42:], "negative size at sequence 0"),
+        (".idx", lambda b: b[:58] + struct.pack("<q", 1) + b[66:], r"doc_idx\[0\] = 1"),
+        (".idx", lambda b: b[:66] + struct.pack("<q", 3) + b[74:], r"doc_idx\[1\] = 3; .* sequence count 2"),
+        (".idx", lambda b: b[:66] + struct.pack("<qq", 2, 1), r"doc_idx\[2\] = 1"),
         (".bin", lambda b: b[:-2], "truncated or mismatched"),
         (".bin", lambda b: b + b"\x00\x00", "truncated or mismatched"),
     ],
-    ids=["magic", "version", "dtype", "idx-truncated", "idx-header", "sizes", "pointers", "bin-short", "bin-long"],
+    ids=[
+        "magic", "version", "dtype", "idx-truncated", "idx-header", "sizes", "first-pointer", "later-pointer",
+        "negative-size", "doc-idx-start", "doc-idx-past-end", "doc-idx-decreasing", "bin-short", "bin-long",
+    ],
 )
 def test_corrupt_files_are_rejected_naming_the_file(good_prefix, suffix, change, message):
     rewrite(good_prefix + suffix, change)

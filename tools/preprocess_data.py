@@ -1,42 +1,64 @@
-"""Tokenize .jsonl / .jsonl.gz corpora into mmap indexed datasets (GPT-NeoX flags and output naming).
+"""Tokenize corpora into mmap indexed datasets (GPT-NeoX flags and output naming).
+
+Inputs: .jsonl / .json lines, optionally .gz or .zst compressed (the Pile's
+shards are .jsonl.zst), and .txt files: one document per file, or per line
+with --txt-documents line. --input takes a comma-separated list of files and
+glob patterns, read in the order given (a pattern's matches sorted).
 
 Example:
-    python tools/preprocess_data.py --input data/corpus.jsonl --output-prefix data/mydata \\
-        --tokenizer-type HFTokenizer --vocab-file data/tokenizer.json --append-eod --workers 2
-writes data/mydata_text_document.bin/.idx; train with data_path data/mydata_text_document.
+    python tools/preprocess_data.py --input 'pile/train/*.jsonl.zst' --output-prefix data/pile \\
+        --tokenizer-type HFTokenizer --vocab-file data/20B_tokenizer.json --append-eod --workers 8
+writes data/pile_text_document.bin/.idx; train with data_path data/pile_text_document.
+Outputs appear only when the whole run succeeded; malformed lines are skipped and listed by file:line.
 """
 
 import argparse
 import os
+import signal
 import sys
 
 # Run as `python tools/preprocess_data.py` from anywhere: make the repository's `megatron` importable.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.data.preprocess import output_prefix_for, preprocess_jsonl  # noqa: E402
+from megatron.data.corpus_reader import TXT_DOCUMENT_MODES, expand_inputs  # noqa: E402
+from megatron.data.preprocess import abort_in_progress, output_prefix_for, preprocess_corpus  # noqa: E402
 from megatron.tokenizer import SUPPORTED_TOKENIZER_TYPES, build_tokenizer  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", required=True, help="comma-separated list of .jsonl or .jsonl.gz files")
+    parser.add_argument("--input", required=True, help="comma-separated files or glob patterns")
     parser.add_argument("--jsonl-keys", nargs="+", default=["text"], help="JSON keys to tokenize, one dataset each")
     parser.add_argument("--output-prefix", required=True, help="outputs are {prefix}_{key}_document.bin/.idx")
     parser.add_argument("--tokenizer-type", required=True, choices=SUPPORTED_TOKENIZER_TYPES)
-    parser.add_argument("--vocab-file", help="tokenizer.json for HFTokenizer")
-    parser.add_argument("--merge-file", help="BPE merges file (for the BPE tokenizer types)")
+    parser.add_argument("--vocab-file", help="tokenizer.json (HF), vocab.json (GPT-2 BPE) or .model (SentencePiece)")
+    parser.add_argument("--merge-file", help="merges.txt (GPT2BPETokenizer)")
     parser.add_argument("--append-eod", action="store_true", help="end every document with the eod token")
     parser.add_argument("--workers", type=int, default=1, help="tokenizer processes")
-    parser.add_argument("--log-interval", type=int, default=100, help="input lines between progress updates")
+    parser.add_argument("--log-interval", type=int, default=100, help="documents between progress updates")
+    parser.add_argument(
+        "--txt-documents", choices=TXT_DOCUMENT_MODES, default="file",
+        help=".txt inputs: each file is one document, or each line is",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
     return parser.parse_args(argv)
+
+
+def _abort(signum, frame) -> None:
+    """Ctrl-C or a scheduler's kill: remove the partial outputs and stop the workers, then exit."""
+    abort_in_progress()
+    print("interrupted: no output written", file=sys.stderr, flush=True)
+    os._exit(130)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    inputs = [path.strip() for path in args.input.split(",") if path.strip()]
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signal_number, _abort)
     try:
+        inputs = expand_inputs([pattern.strip() for pattern in args.input.split(",") if pattern.strip()])
         tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
-        stats = preprocess_jsonl(
+        stats = preprocess_corpus(
             inputs,
             args.output_prefix,
             tokenizer,
@@ -44,6 +66,8 @@ def main(argv=None) -> int:
             append_eod=args.append_eod,
             workers=args.workers,
             log_interval=args.log_interval,
+            txt_documents=args.txt_documents,
+            show_progress=not args.no_progress,
         )
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -22,6 +22,7 @@ GROUPS = (
     "logging",
     "parallelism",
     "launcher",
+    "inference",
 )
 
 
@@ -195,6 +196,20 @@ _TRAINING = (
         inactive="per-layer device synchronisation is not implemented"),
     Key("adlr_autoresume", bool, False, "training", "NVIDIA ADLR cluster auto-resume.",
         inactive="ADLR auto-resume is not supported; resume by pointing `load` at the checkpoints"),
+    Key("exit_signal_handler", bool, True, "training",
+        "On one of exit_signals, every rank saves a checkpoint at the next iteration boundary and the run exits 0 "
+        "(Megatron's exit signal handling; docs/reliability.md)."),
+    Key("exit_signals", list, ["SIGTERM", "SIGUSR1"], "training",
+        "Signals exit_signal_handler acts on. SLURM sends SIGTERM at preemption and the time limit, and SIGUSR1 "
+        "ahead of time with --signal=USR1@SECONDS.", item=str),
+    Key("exit_interval", int, None, "training",
+        "Save a checkpoint and exit 0 after an iteration divisible by this.", valid_range=AT_LEAST_ONE),
+    Key("exit_duration_in_mins", float, None, "training",
+        "Save a checkpoint and exit 0 at the first iteration boundary after this many minutes of training.",
+        valid_range=POSITIVE),
+    Key("max_skipped_steps", int, 10, "training",
+        "Stop the run after this many steps in a row with a non-finite loss or gradient norm (each such step is "
+        "skipped, never applied). fp16 runs leave the stop to DeepSpeed's loss scaler.", valid_range=AT_LEAST_ONE),
 )
 
 _DATA = (
@@ -202,9 +217,12 @@ _DATA = (
     Key("train_data_paths", list, None, "data", "Prefixes of training datasets (instead of data_path).", item=str),
     Key("valid_data_paths", list, None, "data", "Prefixes of validation datasets.", item=str),
     Key("test_data_paths", list, None, "data", "Prefixes of test datasets.", item=str),
-    Key("train_data_weights", list, None, "data", "Sampling weight of each train_data_paths entry.", item=float),
-    Key("valid_data_weights", list, None, "data", "Sampling weight of each valid_data_paths entry.", item=float),
-    Key("test_data_weights", list, None, "data", "Sampling weight of each test_data_paths entry.", item=float),
+    Key("train_data_weights", list, None, "data",
+        "Sampling weight of each train_data_paths entry; unset weighs each by its token count.", item=float),
+    Key("valid_data_weights", list, None, "data",
+        "Sampling weight of each valid_data_paths entry; unset weighs each by its token count.", item=float),
+    Key("test_data_weights", list, None, "data",
+        "Sampling weight of each test_data_paths entry; unset weighs each by its token count.", item=float),
     Key("data_impl", str, "mmap", "data", "Indexed dataset format.", choices=("mmap",)),
     Key("split", str, "969, 30, 1", "data", "Train, validation, test proportions of data_path, e.g. '969, 30, 1'."),
     Key("tokenizer_type", str, "GPT2BPETokenizer", "data", "Tokenizer implementation.",
@@ -227,8 +245,9 @@ _CHECKPOINT = (
         valid_range=AT_LEAST_ONE),
     Key("pretrain_partial_init", str, None, "checkpoint",
         "Checkpoint of a smaller model to grow from (TokenFormer scaling)."),
-    Key("eval_ckpt", str, None, "checkpoint", "Released pytorch_model.bin to evaluate.",
-        inactive="released weight files are not loaded; evaluate a checkpoint directory with load + eval_only"),
+    Key("eval_ckpt", str, None, "checkpoint",
+        "Weights file generate.py and eval.py load instead of `load`: the official release's pytorch_model.bin "
+        "or an export (model.safetensors, pytorch_model.bin; docs/inference.md)."),
     Key("checkpoint_validation_with_forward_pass", bool, False, "checkpoint",
         "Re-run a forward pass to check a loaded checkpoint.",
         inactive="not implemented"),
@@ -252,10 +271,18 @@ _LOGGING = (
 )
 
 _PARALLELISM = (
-    Key("model_parallel_size", int, 1, "parallelism", "Tensor (model) parallel ranks per model replica.",
+    Key("model_parallel_size", int, 1, "parallelism",
+        "Tensor (model) parallel ranks per model replica; must divide num_attention_heads and every slot count, "
+        "and times pipe_parallel_size divide the number of processes (docs/tensor_parallel.md).",
         valid_range=AT_LEAST_ONE),
-    Key("pipe_parallel_size", int, 0, "parallelism", "Pipeline stages; 0 and 1 both mean a single stage.",
+    Key("pipe_parallel_size", int, 0, "parallelism",
+        "Pipeline stages: 0 trains the plain model, 1 or more runs DeepSpeed's pipeline engine with that many "
+        "stages (ZeRO stage 0 or 1; docs/parallelism.md).",
         valid_range=NON_NEGATIVE),
+    Key("pipe_partition_method", str, "type:transformer|mlp", "parallelism",
+        "How layers are divided among pipeline stages: 'parameters' (balance parameter counts), 'uniform' "
+        "(balance layer counts) or 'type:REGEX' (balance the layers whose class name matches REGEX; the "
+        "TokenFormer blocks are TransformerLayerPipe)."),
     Key("distributed_backend", str, "nccl", "parallelism", "torch.distributed backend; CPU runs use gloo.",
         choices=("nccl", "gloo")),
     Key("world_size", int, None, "parallelism", "Total number of processes.",
@@ -280,9 +307,39 @@ _LAUNCHER = (
         derived="set by load_config"),
 )
 
+# generate.py and eval.py (docs/inference.md); GPT-NeoX's names and defaults except where noted.
+_INFERENCE = (
+    Key("text_gen_type", str, "unconditional", "inference",
+        "What generate.py samples from: nothing (unconditional), each prompt of sample_input_file (input-file), "
+        "or prompts typed on standard input (interactive).",
+        choices=("unconditional", "input-file", "interactive")),
+    Key("maximum_tokens", int, 64, "inference", "Most tokens generated per sample.", valid_range=AT_LEAST_ONE),
+    Key("prompt_end", str, "\n", "inference", "Separator of the prompts in sample_input_file."),
+    Key("temperature", float, 0.0, "inference",
+        "Sampling temperature; with top_k and top_p all 0, generation is greedy.", valid_range=NON_NEGATIVE),
+    Key("top_k", int, 0, "inference", "Sample from the k most likely tokens only; 0 disables.",
+        valid_range=NON_NEGATIVE),
+    Key("top_p", float, 0.0, "inference", "Sample from the smallest set of tokens whose probability reaches p; "
+        "0 disables.", valid_range=FRACTION),
+    Key("num_samples", int, 1, "inference", "Samples generated in unconditional mode.", valid_range=AT_LEAST_ONE),
+    Key("recompute", bool, False, "inference",
+        "Recompute the whole sequence at every step instead of using the KV cache (same tokens, slower)."),
+    Key("sample_input_file", str, None, "inference", "Prompts for text_gen_type input-file, separated by prompt_end."),
+    Key("sample_output_file", str, "samples.jsonl", "inference",
+        "Where generate.py writes one JSON object per sample (GPT-NeoX's default is samples.txt)."),
+    Key("eval_tasks", list, None, "inference", "lm-eval task names eval.py scores, e.g. [lambada_openai, piqa].",
+        item=str),
+    Key("eval_include_path", str, None, "inference",
+        "Directory of extra lm-eval task YAML files, e.g. tasks reading local copies of their datasets "
+        "(not a GPT-NeoX key)."),
+    Key("eval_results_prefix", str, "", "inference",
+        "eval.py writes PREFIX_eval_results.json (eval_results.json when empty)."),
+)
+
 SCHEMA: dict[str, Key] = {
     key.name: key
     for key in _MODEL + _OPTIMIZER + _TRAINING + _DATA + _CHECKPOINT + _LOGGING + _PARALLELISM + _LAUNCHER
+    + _INFERENCE
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,6 +134,22 @@ def _heads_divide_hidden(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _tensor_parallel_splits_evenly(v: Mapping[str, Any]) -> str | None:
+    """Each tensor-parallel rank takes an equal block of heads and of every Pattention's tokens."""
+    tp = v["model_parallel_size"]
+    uneven = [
+        f"{name} {v[name]}"
+        for name in ("num_attention_heads", "qkv_slot_num", "proj_slot_num", "ffn_slot_num")
+        if v[name] % tp
+    ]
+    if uneven:
+        return (
+            f"model_parallel_size {tp} does not divide {', '.join(uneven)}; tensor parallelism splits heads "
+            "and parameter tokens evenly over the ranks, so choose a model_parallel_size dividing them all"
+        )
+    return None
+
+
 def _rotary_dims_even(v: Mapping[str, Any]) -> str | None:
     if v["pos_emb"] != "rotary":
         return None
@@ -209,8 +226,64 @@ def _attention_config_is_tokenformer(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _pipeline_zero_stage(v: Mapping[str, Any]) -> str | None:
+    stage = (v["zero_optimization"] or {}).get("stage", 0)
+    if v["pipe_parallel_size"] >= 1 and stage >= 2:
+        return (
+            f"zero_optimization.stage {stage} cannot be combined with pipe_parallel_size {v['pipe_parallel_size']}: "
+            "DeepSpeed's pipeline engine supports ZeRO stages 0 and 1 only; use stage 1 (it partitions the "
+            "optimizer state), or pipe_parallel_size 0 to train the plain model with ZeRO stage 2"
+        )
+    return None
+
+
+def _every_stage_has_a_layer(v: Mapping[str, Any]) -> str | None:
+    if v["pipe_parallel_size"] > v["num_layers"]:
+        return (
+            f"pipe_parallel_size {v['pipe_parallel_size']} is larger than num_layers {v['num_layers']}; "
+            "each pipeline stage should hold a TokenFormer layer, so use at most num_layers stages"
+        )
+    return None
+
+
+# The class of the TokenFormer blocks in the pipeline (megatron/model/pipeline.py).
+PIPELINE_LAYER_CLASS = "TransformerLayerPipe"
+
+
+def _partition_method_is_known(v: Mapping[str, Any]) -> str | None:
+    method = v["pipe_partition_method"]
+    if method.lower() in ("parameters", "uniform"):  # DeepSpeed reads the method case-insensitively
+        return None
+    if method.lower().startswith("type:"):
+        try:
+            if re.search(method[len("type:"):], PIPELINE_LAYER_CLASS, re.IGNORECASE):
+                return None
+        except re.error:
+            pass
+    return (
+        f"pipe_partition_method {method!r} must be 'parameters', 'uniform' or 'type:REGEX' with a regular "
+        f"expression matching the class of the TokenFormer layers, {PIPELINE_LAYER_CLASS} "
+        "(e.g. the default 'type:transformer|mlp')"
+    )
+
+
+# Signals a process can catch; SIGKILL and SIGSTOP cannot be.
+_CATCHABLE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGCONT", "SIGXCPU")
+
+
+def _exit_signals_are_catchable(v: Mapping[str, Any]) -> str | None:
+    unknown = [name for name in v["exit_signals"] if name not in _CATCHABLE_SIGNALS]
+    if unknown:
+        return (
+            f"exit_signals {unknown} cannot be handled; choose among {', '.join(_CATCHABLE_SIGNALS)} "
+            "(SLURM sends SIGTERM, and SIGUSR1 with --signal=USR1@SECONDS)"
+        )
+    return None
+
+
 RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _heads_divide_hidden,
+    _tensor_parallel_splits_evenly,
     _rotary_dims_even,
     _positions_cover_sequence,
     _min_lr_within_lr,
@@ -218,6 +291,10 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _one_data_source,
     _weights_match_paths,
     _attention_config_is_tokenformer,
+    _pipeline_zero_stage,
+    _every_stage_has_a_layer,
+    _partition_method_is_known,
+    _exit_signals_are_catchable,
 )
 
 
@@ -282,6 +359,30 @@ def _precision_problems(cfg: Config, device_name: str) -> list[str]:
     return []
 
 
+# Scripts that run a trained model instead of training one (docs/inference.md): they read `load`, not the data.
+INFERENCE_SCRIPTS = ("generate.py", "eval.py")
+
+
+def _inference_problems(cfg: Config, script: str) -> list[str]:
+    problems = []
+    if cfg.world_size is not None and cfg.world_size != cfg.model_parallel_size:
+        problems.append(f"{script} runs one model replica on model_parallel_size={cfg.model_parallel_size} processes, "
+                        f"but {cfg.world_size} would start: set num_gpus={cfg.model_parallel_size}")
+    weights = cfg.eval_ckpt or cfg.load
+    if weights is None or not Path(weights).exists():
+        problems.append(f"{script} needs load (a checkpoint directory) or eval_ckpt (a weights file) to exist; "
+                        f"load = {cfg.load!r}, eval_ckpt = {cfg.eval_ckpt!r}")
+    if script == "generate.py" and cfg.text_gen_type == "input-file" and (
+            cfg.sample_input_file is None or not Path(cfg.sample_input_file).is_file()):
+        problems.append(f"text_gen_type input-file needs sample_input_file = an existing file of prompts; "
+                        f"sample_input_file = {cfg.sample_input_file!r}")
+    if script == "eval.py" and not cfg.eval_tasks:
+        problems.append("eval.py needs eval_tasks, e.g. eval_tasks=[lambada_openai,piqa]")
+    if script == "eval.py" and cfg.eval_include_path is not None and not Path(cfg.eval_include_path).is_dir():
+        problems.append(f"eval_include_path = {cfg.eval_include_path!r} is not a directory of task YAML files")
+    return problems
+
+
 def check_run_inputs(cfg: Config, device_name: str | None = None) -> None:
     """Checks that need the files and the device, done when a run starts.
 
@@ -292,6 +393,10 @@ def check_run_inputs(cfg: Config, device_name: str | None = None) -> None:
         from deepspeed.accelerator import get_accelerator
 
         device_name = get_accelerator().device_name()
+    script = Path(cfg.user_script or "train.py").name
+    if script in INFERENCE_SCRIPTS:
+        raise_if_any(_tokenizer_problems(cfg) + _inference_problems(cfg, script))
+        return
     raise_if_any(
         _data_problems(cfg)
         + _tokenizer_problems(cfg)

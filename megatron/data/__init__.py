@@ -1,1 +1,1 @@
-"""Data pipeline: the mmap indexed token format, GPT-2 style samples, splits and samplers."""
+"""Data pipeline: corpus reading and tokenizing, the mmap indexed format, GPT-2 samples, blends, splits, samplers."""

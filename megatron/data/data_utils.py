@@ -1,14 +1,16 @@
-"""Train/valid/test datasets from one data prefix split by weights, or from one prefix per split."""
+"""Train/valid/test datasets: one data prefix split by document ranges, or prefixes per split, blended by weight."""
 
 from collections.abc import Sequence
 
 import numpy as np
 
+from megatron.data.blendable_dataset import BlendableDataset, blended_sample_counts
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 
 SPLIT_NAMES = ("train", "valid", "test")
-Datasets = tuple[GPT2Dataset | None, GPT2Dataset | None, GPT2Dataset | None]
+Dataset = GPT2Dataset | BlendableDataset
+Datasets = tuple[Dataset | None, Dataset | None, Dataset | None]
 
 
 def get_train_valid_test_split(split_string: str, size: int) -> list[int]:
@@ -67,32 +69,52 @@ def build_datasets_from_paths(
     train_valid_test_num_samples: Sequence[int],
     seq_length: int,
     seed: int,
+    train_valid_test_weights: Sequence[Sequence[float] | None] = (None, None, None),
 ) -> Datasets:
-    """One whole data prefix per split (``train_data_paths`` etc.); a missing split gives None."""
+    """Whole data prefixes per split (``train_data_paths`` etc.); several are blended by their weights.
+
+    Unset weights weigh each prefix by its token count (the natural mixture).
+    A split without paths gives None.
+    """
     _check_num_samples(train_valid_test_num_samples)
     datasets = []
-    for index, (name, paths) in enumerate(zip(SPLIT_NAMES, (train_data_paths, valid_data_paths, test_data_paths))):
-        prefix = _single_path(f"{name}_data_paths", paths)
-        if prefix is None:
-            datasets.append(None)
-            continue
-        indexed_dataset = MMapIndexedDataset(prefix)
-        documents = np.arange(len(indexed_dataset), dtype=np.int64)
-        datasets.append(
-            GPT2Dataset(name, prefix, documents, indexed_dataset, train_valid_test_num_samples[index], seq_length, seed)
-        )
+    all_paths = (train_data_paths, valid_data_paths, test_data_paths)
+    for name, paths, num_samples, weights in zip(
+        SPLIT_NAMES, all_paths, train_valid_test_num_samples, train_valid_test_weights
+    ):
+        prefixes = [paths] if isinstance(paths, str) else list(paths or ())
+        if weights is not None and len(weights) != len(prefixes):
+            raise ValueError(
+                f"{name}_data_weights has {len(weights)} entries but {name}_data_paths has {len(prefixes)}; "
+                f"give one weight per path"
+            )
+        datasets.append(_whole_or_blended(name, prefixes, weights, num_samples, seq_length, seed))
     return tuple(datasets)
 
 
-def _single_path(key: str, paths: str | Sequence[str] | None) -> str | None:
-    if paths is None or isinstance(paths, str):
-        return paths or None
-    if len(paths) > 1:
-        raise ValueError(
-            f"{key} lists {len(paths)} paths {list(paths)}: "
-            f"blending several datasets is not supported yet; give one path"
-        )
-    return paths[0] if paths else None
+def _whole_dataset(
+    name: str, prefix: str, indexed_dataset: MMapIndexedDataset, num_samples: int, seq_length: int, seed: int
+) -> GPT2Dataset:
+    documents = np.arange(len(indexed_dataset), dtype=np.int64)
+    return GPT2Dataset(name, prefix, documents, indexed_dataset, num_samples, seq_length, seed)
+
+
+def _whole_or_blended(
+    name: str, prefixes: list[str], weights: Sequence[float] | None, num_samples: int, seq_length: int, seed: int
+) -> Dataset | None:
+    if not prefixes:
+        return None
+    indexed = [MMapIndexedDataset(prefix) for prefix in prefixes]
+    if len(prefixes) == 1:
+        return _whole_dataset(name, prefixes[0], indexed[0], num_samples, seq_length, seed)
+    if weights is None:
+        weights = [float(np.sum(dataset.sizes, dtype=np.int64)) for dataset in indexed]
+    counts = blended_sample_counts(weights, num_samples, prefixes[0], name)
+    parts = [
+        _whole_dataset(f"{name}_{index}", prefix, dataset, int(count), seq_length, seed)
+        for index, (prefix, dataset, count) in enumerate(zip(prefixes, indexed, counts))
+    ]
+    return BlendableDataset(name, parts, weights, num_samples, prefixes[0])
 
 
 def _check_num_samples(train_valid_test_num_samples: Sequence[int]) -> None:

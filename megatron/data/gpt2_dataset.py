@@ -2,17 +2,18 @@
 
 The index arrays (see ``sample_index``) are cached as ``.npy`` files beside
 the data, named by everything that changes them, so a restart reuses them and
-any change of split, length, sample count, seed or data rebuilds them.
+any change of split, length, sample count, seed or data rebuilds them
+(``index_cache``: one process builds, the others wait and load).
 """
 
 import hashlib
 import logging
-import os
 import time
 
 import numpy as np
 import torch
 
+from megatron.data.index_cache import load_or_build
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.sample_index import (
     build_doc_idx,
@@ -103,21 +104,17 @@ def _load_or_build_index_mappings(
     seq_length: int,
     seed: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rank 0 (or the only process) builds missing caches; the other ranks wait at a barrier, then all load them."""
     epoch_tokens = tokens_per_epoch(documents, sizes)
     if epoch_tokens == 0:
         raise ValueError(f"the {name} split of {data_prefix} holds no tokens; check the data and the split")
     paths = index_cache_paths(data_prefix, name, documents, epoch_tokens, num_samples, seq_length, seed)
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if not distributed or torch.distributed.get_rank() == 0:
-        if not all(os.path.isfile(path) for path in paths.values()):
-            _build_and_save(name, documents, sizes, epoch_tokens, num_samples, seq_length, seed, paths)
-    if distributed:
-        torch.distributed.barrier()
-    return tuple(_load(paths[kind]) for kind in INDEX_KINDS)
+    arrays = load_or_build(
+        paths, lambda: _build_index_mappings(name, documents, sizes, epoch_tokens, num_samples, seq_length, seed, paths)
+    )
+    return tuple(arrays[kind] for kind in INDEX_KINDS)
 
 
-def _build_and_save(
+def _build_index_mappings(
     name: str,
     documents: np.ndarray,
     sizes: np.ndarray,
@@ -126,31 +123,15 @@ def _build_and_save(
     seq_length: int,
     seed: int,
     paths: dict[str, str],
-) -> None:
+) -> dict[str, np.ndarray]:
     start = time.time()
     rng = np.random.RandomState(seed)
     num_epochs = num_epochs_needed(epoch_tokens, seq_length, num_samples)
     doc_idx = build_doc_idx(documents, num_epochs, rng)
     sample_idx = build_sample_idx(sizes, doc_idx, seq_length, num_epochs, epoch_tokens)
     shuffle_idx = build_shuffle_idx(len(sample_idx) - 1, rng)
-    for kind, values in zip(INDEX_KINDS, (doc_idx, sample_idx, shuffle_idx)):
-        _save_atomically(paths[kind], values)
     logger.info(
         "built %s index mappings: %d samples over %d epochs in %.2f s (%s)",
         name, len(shuffle_idx), num_epochs, time.time() - start, paths["doc_idx"],
     )
-
-
-def _save_atomically(path: str, values: np.ndarray) -> None:
-    """Write under a temporary name and rename, so no reader ever sees half a file."""
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "wb") as stream:
-        np.save(stream, values)
-    os.replace(temporary, path)
-
-
-def _load(path: str) -> np.ndarray:
-    try:
-        return np.load(path, mmap_mode="r")
-    except (OSError, ValueError, EOFError) as error:
-        raise ValueError(f"index cache {path} is unreadable ({error}); delete it to rebuild") from error
+    return dict(zip(INDEX_KINDS, (doc_idx, sample_idx, shuffle_idx)))

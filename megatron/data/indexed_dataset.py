@@ -19,28 +19,34 @@ Both files are memory-mapped, so opening a Pile-sized dataset costs no RAM.
 import array
 import os
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is not imported at run time: the preprocessing tools start faster without it
+    import torch
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
-# GPT-NeoX's table. (Megatron-core swaps 6 and 7; token data never uses either.)
+# Megatron-core's DType enum. GPT-NeoX's table agrees except that it also reads 7 as float64
+# (it maps both 6 and 7 to a 64-bit float); token data never uses either code.
 DTYPE_CODES = {
     1: np.uint8,
     2: np.int8,
     3: np.int16,
     4: np.int32,
     5: np.int64,
-    6: np.float32,
-    7: np.float64,
+    6: np.float64,
+    7: np.float32,
     8: np.uint16,
 }
+# Entries checked per step when validating an index, so opening a Pile-sized one stays in bounded memory.
+_CHECK_CHUNK = 1 << 22
 _HEADER = struct.Struct("<9sQBQQ")
 _LITTLE_INT32 = np.dtype("<i4")
 _LITTLE_INT64 = np.dtype("<i8")
 
-TokenArray = np.ndarray | torch.Tensor
+TokenArray = "np.ndarray | torch.Tensor"
 
 
 class IndexedDatasetError(ValueError):
@@ -126,18 +132,50 @@ class MMapIndexedDataset:
         self._tokens = _memmap(bin_path, _little_endian(self._dtype))
 
     def _check_data_file(self, idx_path: str, bin_path: str) -> None:
-        itemsize = self._dtype.itemsize
         bin_bytes = os.path.getsize(bin_path)
-        expected_bin_bytes = int(np.sum(self._sizes, dtype=np.int64)) * itemsize
+        expected_bin_bytes = int(np.sum(self._sizes, dtype=np.int64)) * self._dtype.itemsize
         if bin_bytes != expected_bin_bytes:
             raise IndexedDatasetError(
                 f"{bin_path} is {bin_bytes} bytes but {idx_path} describes {expected_bin_bytes} bytes "
                 f"({len(self._sizes)} sequences of {self._dtype.name}); the pair is truncated or mismatched"
             )
-        if len(self._sizes) and (
-            self._pointers[0] != 0 or self._pointers[-1] + int(self._sizes[-1]) * itemsize != bin_bytes
-        ):
-            raise IndexedDatasetError(f"{idx_path}: sequence pointers disagree with the sizes; the index is corrupt")
+        self._check_pointers(idx_path)
+        self._check_doc_idx(idx_path)
+
+    def _check_pointers(self, idx_path: str) -> None:
+        """Each sequence must start right where the one before it ends: pointers are the running sum of sizes."""
+        itemsize = self._dtype.itemsize
+        next_pointer = 0
+        for start in range(0, len(self._sizes), _CHECK_CHUNK):
+            sizes = self._sizes[start : start + _CHECK_CHUNK].astype(np.int64)
+            if sizes.min() < 0:
+                raise IndexedDatasetError(f"{idx_path}: negative size at sequence {start + int(np.argmin(sizes))}")
+            ends = np.cumsum(sizes * itemsize) + next_pointer
+            expected = ends - sizes * itemsize
+            next_pointer = int(ends[-1])
+            wrong = np.flatnonzero(self._pointers[start : start + _CHECK_CHUNK] != expected)
+            if wrong.size:
+                index = start + int(wrong[0])
+                raise IndexedDatasetError(
+                    f"{idx_path}: pointer of sequence {index} is {int(self._pointers[index])}, but the sizes before "
+                    f"it put it at byte {int(expected[wrong[0]])}; the sequence pointers are corrupt"
+                )
+
+    def _check_doc_idx(self, idx_path: str) -> None:
+        """doc_idx must start at 0, never decrease, and never pass the sequence count."""
+        previous = 0
+        for start in range(0, len(self._doc_idx), _CHECK_CHUNK):
+            chunk = self._doc_idx[start : start + _CHECK_CHUNK]
+            bad = np.flatnonzero((np.diff(chunk, prepend=previous) < 0) | (chunk > len(self._sizes)))
+            if start == 0 and chunk[0] != 0:
+                bad = np.array([0])
+            if bad.size:
+                index = start + int(bad[0])
+                raise IndexedDatasetError(
+                    f"{idx_path}: doc_idx[{index}] = {int(self._doc_idx[index])}; doc_idx must start at 0 and rise "
+                    f"to at most the sequence count {len(self._sizes)}, so the index is corrupt"
+                )
+            previous = int(chunk[-1])
 
     def __getstate__(self) -> str:
         return self.prefix
@@ -201,9 +239,28 @@ class MMapIndexedDatasetBuilder:
 
     def add_item(self, tokens: TokenArray) -> None:
         """Append one 1-D sequence of tokens."""
-        if isinstance(tokens, torch.Tensor):
+        if hasattr(tokens, "detach"):  # a torch.Tensor
             tokens = tokens.detach().cpu().numpy()
-        values = np.asarray(tokens)
+        values = self._checked(np.asarray(tokens))
+        if values.size > np.iinfo(np.int32).max:
+            raise ValueError(f"{self._bin_path}: a sequence of {values.size} tokens exceeds the format's int32 size")
+        self._data_file.write(values.astype(_little_endian(self._dtype), copy=False).tobytes())
+        self._sizes.append(values.size)
+
+    def add_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append documents of one sequence each, given back to back: the same bytes as add_item + end_document."""
+        values = self._checked(np.asarray(tokens))
+        lengths = np.asarray(lengths, dtype=np.int64)
+        fits = not lengths.size or (lengths.min() >= 0 and lengths.max() <= np.iinfo(np.int32).max)
+        if not fits or lengths.sum() != values.size:
+            raise ValueError(f"{self._bin_path}: document lengths must be int32 sizes summing to {values.size} tokens")
+        self._data_file.write(values.astype(_little_endian(self._dtype), copy=False).tobytes())
+        first_document = len(self._sizes)
+        self._sizes.frombytes(lengths.astype(np.intc).tobytes())
+        self._doc_idx.frombytes(np.arange(first_document + 1, len(self._sizes) + 1, dtype=np.longlong).tobytes())
+
+    def _checked(self, values: np.ndarray) -> np.ndarray:
+        """``values`` if they are 1-D and fit the dataset's dtype; an error naming the offender otherwise."""
         if values.ndim != 1:
             raise ValueError(f"{self._bin_path}: add_item takes a 1-D token sequence, got shape {values.shape}")
         if np.issubdtype(self._dtype, np.integer) and values.size:
@@ -216,10 +273,7 @@ class MMapIndexedDatasetBuilder:
                     f"{self._bin_path}: token {low if low < limits.min else high} does not fit {self._dtype.name}; "
                     f"build with a wider dtype (best_fitting_dtype(vocab_size))"
                 )
-        if values.size > np.iinfo(np.int32).max:
-            raise ValueError(f"{self._bin_path}: a sequence of {values.size} tokens exceeds the format's int32 size")
-        self._data_file.write(values.astype(_little_endian(self._dtype), copy=False).tobytes())
-        self._sizes.append(values.size)
+        return values
 
     def end_document(self) -> None:
         """Mark the sequences added since the last call as one document."""

@@ -1,25 +1,29 @@
-"""Tokenize JSON-lines corpora into mmap indexed datasets (the logic behind tools/preprocess_data.py).
+"""Tokenize corpora into mmap indexed datasets (the logic behind tools/preprocess_data.py).
 
-Input lines are read lazily and tokenized in chunks (in worker processes when
-``workers > 1``) with at most two windows of chunks in flight, so memory stays
-bounded on any corpus size while documents keep their input order. Each
-``key`` becomes ``{output_prefix}_{key}_document.bin/.idx``; both are written
-under temporary names and renamed only when every input was read, so a failed
-run leaves no output behind. Malformed lines are skipped and counted, never fatal.
+Records are read lazily (``corpus_reader``) and tokenized a chunk at a time,
+in worker processes when ``workers > 1``, with a bounded window of chunks in
+flight: memory stays bounded on any corpus size and documents keep their
+input order. Each key becomes ``{output_prefix}_{key}_document.bin/.idx``,
+written under ``.partial`` names and renamed only once every input was read,
+so an interrupted or failed run leaves nothing that looks like a dataset.
+Malformed records are skipped, counted and reported by file and line.
 """
 
-import gzip
+import ctypes
 import itertools
-import json
 import multiprocessing
 import os
+import signal
+import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
+from megatron.data.corpus_reader import TXT_SUFFIXES, CorpusReader, RawRecord, parse_record
 from megatron.data.indexed_dataset import (
     MMapIndexedDatasetBuilder,
     best_fitting_dtype,
@@ -29,21 +33,21 @@ from megatron.data.indexed_dataset import (
 from megatron.tokenizer import AbstractTokenizer
 
 MAX_REPORTED_SKIPS = 100
+CHUNK_BYTES = 4 << 20
 _TEMPORARY_SUFFIX = ".partial"
-
-# (path, 1-based line number, raw bytes of the line)
-Line = tuple[str, int, bytes]
+_PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies
+# Partial outputs of the runs in progress, for abort_in_progress().
+_partial_outputs: set[str] = set()
 
 
 @dataclass
-class EncodedLine:
-    """One input line: its token arrays per key, or why it was skipped."""
+class EncodedChunk:
+    """The documents of one chunk, back to back per key, and the records skipped in it."""
 
-    path: str
-    line_number: int
-    tokens: dict[str, np.ndarray] | None = None
+    tokens: dict[str, np.ndarray]
+    lengths: dict[str, np.ndarray]
     text_bytes: int = 0
-    skip_reason: str | None = None
+    skips: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -53,17 +57,19 @@ class PreprocessStats:
     text_bytes: int = 0
     seconds: float = 0.0
     skipped: int = 0
+    skip_reasons: Counter = field(default_factory=Counter)
     skipped_examples: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in self.skip_reasons.most_common())
         return (
             f"{self.documents} documents, {self.tokens} tokens, {self.text_bytes} bytes of text "
-            f"in {self.seconds:.1f} s; {self.skipped} lines skipped"
+            f"in {self.seconds:.1f} s; {self.skipped} lines skipped" + (f" ({reasons})" if reasons else "")
         )
 
 
 class DocumentEncoder:
-    """Parses and tokenizes chunks of lines; lives in each worker process."""
+    """Parses and tokenizes chunks of records; lives in each worker process."""
 
     def __init__(self, tokenizer: AbstractTokenizer, keys: Sequence[str], append_eod: bool):
         self.tokenizer = tokenizer
@@ -71,55 +77,68 @@ class DocumentEncoder:
         self.append_eod = append_eod
         self.dtype = best_fitting_dtype(tokenizer.vocab_size)
 
-    def _texts(self, raw: bytes) -> tuple[dict[str, str] | None, str | None]:
-        if not raw.strip():
-            return None, "blank line"
-        try:
-            record = json.loads(raw)
-        except ValueError as error:
-            return None, f"invalid JSON ({error})"
-        if not isinstance(record, dict):
-            return None, "not a JSON object"
-        texts = {}
-        for key in self.keys:
-            if key not in record:
-                return None, f"missing key {key!r}"
-            if not isinstance(record[key], str):
-                return None, f"{key!r} is {type(record[key]).__name__}, not a string"
-            if not record[key]:
-                return None, f"empty {key!r}"
-            texts[key] = record[key]
-        return texts, None
-
-    def encode_chunk(self, lines: list[Line]) -> list[EncodedLine]:
-        """One result per line, in order; texts are tokenized a whole chunk per key at once."""
-        results, valid = [], []
-        for path, line_number, raw in lines:
-            texts, reason = self._texts(raw)
-            results.append(EncodedLine(path, line_number, skip_reason=reason))
+    def encode_chunk(self, records: list[RawRecord]) -> EncodedChunk:
+        """Every key of every valid record, tokenized a whole chunk per key at once; skips in input order."""
+        skips, valid = [], []
+        for index, record in enumerate(records):
+            texts, reason = parse_record(record, self.keys)
             if texts is not None:
-                valid.append((results[-1], texts))
-        eod = [self.tokenizer.eod] if self.append_eod else []
-        ids_per_key = {key: self.tokenizer.tokenize_batch([texts[key] for _, texts in valid]) for key in self.keys}
-        for position, (result, texts) in enumerate(valid):
-            result.tokens = {key: np.asarray(ids_per_key[key][position] + eod, dtype=self.dtype) for key in self.keys}
-            result.text_bytes = sum(len(text.encode("utf-8")) for text in texts.values())
-            empty = [key for key, tokens in result.tokens.items() if tokens.size == 0]
+                try:
+                    valid.append((index, texts, sum(len(text.encode("utf-8")) for text in texts.values())))
+                    continue
+                except UnicodeEncodeError:
+                    reason = "invalid UTF-8 (unpaired surrogate escape)"
+            skips.append((index, reason))
+        ids_per_key = {key: self.tokenizer.tokenize_batch([texts[key] for _, texts, _ in valid]) for key in self.keys}
+        eod = (self.tokenizer.eod,) if self.append_eod else ()
+        kept = []
+        for position, (index, _, _) in enumerate(valid):
+            empty = [key for key in self.keys if not ids_per_key[key][position] and not eod]
             if empty:
-                result.skip_reason = f"{empty[0]!r} has no tokens"
-        return results
+                skips.append((index, f"{empty[0]!r} has no tokens"))
+            else:
+                kept.append(position)
+        chunk = EncodedChunk(
+            tokens={}, lengths={}, text_bytes=sum(valid[position][2] for position in kept),
+            skips=[(records[index].path, records[index].line_number, reason) for index, reason in sorted(skips)],
+        )
+        for key in self.keys:
+            documents = [ids_per_key[key][position] for position in kept]
+            lengths = np.fromiter((len(ids) + len(eod) for ids in documents), dtype=np.int64, count=len(documents))
+            chunk.lengths[key] = lengths
+            tokens = np.fromiter(
+                itertools.chain.from_iterable(itertools.chain(ids, eod) for ids in documents),
+                dtype=np.int64, count=int(lengths.sum()),
+            )
+            # Narrow before sending to the parent; ids that do not fit stay wide so the builder reports them.
+            limits = np.iinfo(self.dtype)
+            fits = not tokens.size or (tokens.min() >= limits.min and tokens.max() <= limits.max)
+            chunk.tokens[key] = tokens.astype(self.dtype) if fits else tokens
+        return chunk
 
 
 _worker_encoder: DocumentEncoder | None = None
 
 
-def _init_worker(encoder: DocumentEncoder) -> None:
+def _init_worker(encoder: DocumentEncoder, parent_pid: int) -> None:
+    """Workers leave Ctrl-C and cleanup to the parent, which stops the pool and removes partial outputs.
+
+    On Linux a worker also dies with its parent, even when the parent is
+    killed outright, instead of lingering (holding the parent's pipes open).
+    """
     global _worker_encoder
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool stops workers with SIGTERM: never run the parent's handler
+    _partial_outputs.clear()  # the parent's files: only the parent may remove them
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
     _worker_encoder = encoder
 
 
-def _encode_in_worker(lines: list[Line]) -> list[EncodedLine]:
-    return _worker_encoder.encode_chunk(lines)
+def _encode_in_worker(records: list[RawRecord]) -> EncodedChunk:
+    return _worker_encoder.encode_chunk(records)
 
 
 def output_prefix_for(output_prefix: str, key: str) -> str:
@@ -127,32 +146,30 @@ def output_prefix_for(output_prefix: str, key: str) -> str:
     return f"{output_prefix}_{key}_document"
 
 
-def _read_lines(paths: Sequence[str]) -> Iterator[Line]:
-    for path in paths:
-        opener = gzip.open if path.endswith(".gz") else open
-        try:
-            with opener(path, "rb") as stream:
-                for line_number, raw in enumerate(stream, start=1):
-                    yield path, line_number, raw
-        except (OSError, EOFError) as error:
-            raise OSError(f"cannot read input {path}: {error}") from error
-
-
-def _chunks(items: Iterable[Line], size: int) -> Iterator[list[Line]]:
-    iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
+def _chunks(records: Iterable[RawRecord], max_records: int, max_bytes: int) -> Iterator[list[RawRecord]]:
+    """Consecutive records, at most ``max_records`` or about ``max_bytes`` of input per chunk."""
+    chunk, size = [], 0
+    for record in records:
+        chunk.append(record)
+        size += len(record.raw)
+        if len(chunk) >= max_records or size >= max_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
         yield chunk
 
 
 def _encoded_chunks(
-    chunks: Iterator[list[Line]], encoder: DocumentEncoder, workers: int
-) -> Iterator[list[EncodedLine]]:
+    chunks: Iterator[list[RawRecord]], encoder: DocumentEncoder, workers: int
+) -> Iterator[EncodedChunk]:
     """Encoded chunks in input order; with workers, the next window is queued while this one drains."""
     if workers == 1:
         yield from map(encoder.encode_chunk, chunks)
         return
+    # One tokenizer thread per worker: the workers already use every core we were given.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     window = 4 * workers
-    with multiprocessing.Pool(workers, initializer=_init_worker, initargs=(encoder,)) as pool:
+    with multiprocessing.Pool(workers, initializer=_init_worker, initargs=(encoder, os.getpid())) as pool:
         pending = None
         while batch := list(itertools.islice(chunks, window)):
             queued = pool.imap(_encode_in_worker, batch)
@@ -163,7 +180,34 @@ def _encoded_chunks(
             yield from pending
 
 
-def preprocess_jsonl(
+class _Progress:
+    """tqdm over input bytes (MB/s, ETA) with documents/s and tokens/s beside it."""
+
+    def __init__(self, reader: CorpusReader, enabled: bool, log_interval: int):
+        self._reader = reader
+        self._log_interval = log_interval
+        self._last_documents = 0
+        self._start = time.time()
+        self._bar = tqdm(
+            total=reader.total_bytes, unit="B", unit_scale=True, disable=not enabled, dynamic_ncols=True,
+            desc="preprocessing",
+        )
+
+    def update(self, stats: PreprocessStats, final: bool = False) -> None:
+        if not final and stats.documents + stats.skipped - self._last_documents < self._log_interval:
+            return
+        self._last_documents = stats.documents + stats.skipped
+        elapsed = max(time.time() - self._start, 1e-9)
+        self._bar.set_postfix_str(
+            f"{stats.documents / elapsed:.0f} docs/s, {stats.tokens / elapsed / 1e6:.2f}M tok/s", refresh=False
+        )
+        self._bar.update(self._reader.bytes_read - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def preprocess_corpus(
     input_paths: Sequence[str],
     output_prefix: str,
     tokenizer: AbstractTokenizer,
@@ -172,56 +216,79 @@ def preprocess_jsonl(
     workers: int = 1,
     log_interval: int = 100,
     chunk_size: int = 256,
+    txt_documents: str = "file",
     show_progress: bool = True,
 ) -> PreprocessStats:
-    """Tokenize ``.jsonl``/``.jsonl.gz`` files into one indexed dataset per key; returns the counts."""
+    """Tokenize corpus files (see ``corpus_reader``) into one indexed dataset per key; returns the counts."""
     _check_arguments(input_paths, jsonl_keys, workers, log_interval, chunk_size)
     start = time.time()
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
     encoder = DocumentEncoder(tokenizer, jsonl_keys, append_eod)
-    finals = {key: output_prefix_for(output_prefix, key) for key in jsonl_keys}
-    temporaries = [
-        path + _TEMPORARY_SUFFIX
-        for prefix in finals.values()
-        for path in (data_file_path(prefix), index_file_path(prefix))
+    reader = CorpusReader(input_paths, txt_documents)
+    finals = [output_prefix_for(output_prefix, key) for key in jsonl_keys]
+    partials = [
+        path + _TEMPORARY_SUFFIX for prefix in finals for path in (data_file_path(prefix), index_file_path(prefix))
     ]
     stats = PreprocessStats()
+    progress = _Progress(reader, show_progress, log_interval)
+    _partial_outputs.update(partials)
     try:
         builders = {
             key: MMapIndexedDatasetBuilder(data_file_path(prefix) + _TEMPORARY_SUFFIX, encoder.dtype)
-            for key, prefix in finals.items()
+            for key, prefix in zip(jsonl_keys, finals)
         }
-        chunks = _chunks(_read_lines(input_paths), chunk_size)
-        with tqdm(unit="lines", disable=not show_progress, miniters=log_interval) as progress:
-            for encoded_chunk in _encoded_chunks(chunks, encoder, workers):
-                for encoded in encoded_chunk:
-                    _write(encoded, builders, stats)
-                progress.update(len(encoded_chunk))
-        for key, prefix in finals.items():
+        for chunk in _encoded_chunks(_chunks(reader, chunk_size, CHUNK_BYTES), encoder, workers):
+            _write(chunk, builders, stats)
+            progress.update(stats)
+        progress.update(stats, final=True)
+        for key, prefix in zip(jsonl_keys, finals):
             builders[key].finalize(index_file_path(prefix) + _TEMPORARY_SUFFIX)
-        for prefix in finals.values():
-            for final in (data_file_path(prefix), index_file_path(prefix)):
-                os.replace(final + _TEMPORARY_SUFFIX, final)
+        for prefix in finals:
+            _publish(prefix)
     finally:
-        for path in temporaries:
-            if os.path.exists(path):
-                os.remove(path)
+        progress.close()
+        _remove(partials)
     stats.seconds = time.time() - start
     return stats
 
 
-def _write(encoded: EncodedLine, builders: dict[str, MMapIndexedDatasetBuilder], stats: PreprocessStats) -> None:
-    if encoded.skip_reason is not None:
+def _remove(partials: Iterable[str]) -> None:
+    for path in list(partials):
+        _partial_outputs.discard(path)
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def abort_in_progress() -> None:
+    """Stop the workers and delete the partial outputs of runs in progress.
+
+    For signal handlers: unwinding an exception through a worker pool from a
+    signal can deadlock, so the handler calls this and exits the process.
+    """
+    for child in multiprocessing.active_children():
+        child.terminate()
+    _remove(_partial_outputs)
+
+
+def _publish(prefix: str) -> None:
+    """Rename the finished pair into place; an older .idx goes first, so no moment pairs old and new files."""
+    if os.path.exists(index_file_path(prefix)):
+        os.remove(index_file_path(prefix))
+    os.replace(data_file_path(prefix) + _TEMPORARY_SUFFIX, data_file_path(prefix))
+    os.replace(index_file_path(prefix) + _TEMPORARY_SUFFIX, index_file_path(prefix))
+
+
+def _write(chunk: EncodedChunk, builders: dict[str, MMapIndexedDatasetBuilder], stats: PreprocessStats) -> None:
+    for path, line_number, reason in chunk.skips:
         stats.skipped += 1
+        stats.skip_reasons[reason.split(" (")[0]] += 1
         if len(stats.skipped_examples) < MAX_REPORTED_SKIPS:
-            stats.skipped_examples.append(f"{encoded.path}:{encoded.line_number}: {encoded.skip_reason}")
-        return
-    for key, tokens in encoded.tokens.items():
-        builders[key].add_item(tokens)
-        builders[key].end_document()
-        stats.tokens += tokens.size
-    stats.documents += 1
-    stats.text_bytes += encoded.text_bytes
+            stats.skipped_examples.append(f"{path}:{line_number}: {reason}")
+    for key, builder in builders.items():
+        builder.add_documents(chunk.tokens[key], chunk.lengths[key])
+        stats.tokens += int(chunk.tokens[key].size)
+    stats.documents += len(next(iter(chunk.lengths.values())))
+    stats.text_bytes += chunk.text_bytes
 
 
 def _check_arguments(
@@ -234,6 +301,11 @@ def _check_arguments(
         raise FileNotFoundError(f"--input files not found: {', '.join(missing)}")
     if not jsonl_keys or len(set(jsonl_keys)) != len(jsonl_keys):
         raise ValueError(f"--jsonl-keys must name distinct keys, got {list(jsonl_keys)}")
+    if any(path.endswith(TXT_SUFFIXES) for path in input_paths) and len(jsonl_keys) != 1:
+        raise ValueError(
+            f"--jsonl-keys {list(jsonl_keys)}: .txt inputs hold one text per document, so give one key "
+            f"(it names the output)"
+        )
     if workers < 1 or log_interval < 1 or chunk_size < 1:
         raise ValueError(
             f"--workers, --log-interval and chunk_size must be at least 1, got {workers}, {log_interval}, {chunk_size}"

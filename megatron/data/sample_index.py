@@ -12,11 +12,14 @@ of one is the first label of the next) and samples cross document borders.
   ``i + 1`` is also where sample ``i`` ends (inclusive).
 * shuffle_idx: a permutation of the samples, the order training reads them.
 
-Pure NumPy; ``build_sample_idx`` has exactly the contract of the C++ helper
-that will replace it for Pile-scale corpora.
+``build_sample_idx`` runs the compiled helper (``helpers.cpp``: one pass, no
+temporaries) and falls back to ``build_sample_idx_numpy``, which returns the
+identical array using several times the memory.
 """
 
 import numpy as np
+
+from megatron.data.compiled_helpers import load_helpers
 
 
 def tokens_per_epoch(documents: np.ndarray, sizes: np.ndarray) -> int:
@@ -39,6 +42,18 @@ def build_doc_idx(documents: np.ndarray, num_epochs: int, rng: np.random.RandomS
 
 
 def build_sample_idx(
+    sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, num_epochs: int, epoch_tokens: int
+) -> np.ndarray:
+    """``build_sample_idx_numpy``'s result, from the compiled helper when it is available."""
+    helpers = load_helpers()
+    if helpers is None:
+        return build_sample_idx_numpy(sizes, doc_idx, seq_length, num_epochs, epoch_tokens)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int32)
+    doc_idx = np.ascontiguousarray(doc_idx, dtype=doc_idx.dtype if doc_idx.dtype == np.int32 else np.int64)
+    return helpers.build_sample_idx(sizes, doc_idx, seq_length, num_epochs, epoch_tokens)
+
+
+def build_sample_idx_numpy(
     sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, num_epochs: int, epoch_tokens: int
 ) -> np.ndarray:
     """(doc_idx position, token offset) where each sample starts, plus the end row.

@@ -13,13 +13,14 @@ init methods chosen in the config (`init_method`, `output_layer_init_method`) sa
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 
 import torch
 from torch import Tensor, nn
 
 from megatron.model.args import TokenFormerArgs
+from megatron.mpu import full_shape, local_block
 
 InitFunction = Callable[[Tensor, torch.Generator], None]
 
@@ -89,18 +90,26 @@ def parameter_roles(model: nn.Module) -> dict[str, InitRole]:
 
 
 @torch.no_grad()
-def initialize_parameters(model: nn.Module, seed: int, args: TokenFormerArgs) -> None:
+def initialize_parameters(model: nn.Module, seed: int, args: TokenFormerArgs,
+                          model_names: Mapping[str, str] | None = None,
+                          model_roles: Mapping[str, InitRole] | None = None) -> None:
     """(Re)initialise every parameter of `model` from (seed, its name); see the module docstring.
 
-    Call it on the TokenFormerModel itself, not a wrapper: names (hence values) are relative to `model`.
+    A tensor-parallel block gets its slice of the full tensor, so every layout starts from one model.
+    Names (hence values) are TokenFormerModel's: call it on the TokenFormerModel itself, or on a part of it
+    (a pipeline stage) with `model_names` (each parameter's TokenFormerModel name) and the TokenFormerModel's
+    `model_roles`.
     """
-    roles = parameter_roles(model)
-    parameters = dict(model.named_parameters())
-    if set(roles) != set(parameters):
+    roles = parameter_roles(model) if model_roles is None else model_roles
+    parameters = {model_names[name] if model_names else name: parameter
+                  for name, parameter in model.named_parameters()}
+    # A part of the model uses only some of the model's roles.
+    unused_roles = set(roles) - set(parameters) if model_names is None else set()
+    if set(parameters) - set(roles) or unused_roles:
         raise ValueError(f"parameters without an init role: {sorted(set(parameters) - set(roles))}; "
-                         f"roles without a parameter: {sorted(set(roles) - set(parameters))}")
+                         f"roles without a parameter: {sorted(unused_roles)}")
     for name, parameter in parameters.items():
         if parameter.is_meta:
             raise ValueError(f"parameter {name} is on the meta device: build the model on a real device to "
                              f"initialise it")
-        parameter.copy_(initial_value(name, parameter.shape, roles[name], seed, args))
+        parameter.copy_(local_block(initial_value(name, full_shape(parameter), roles[name], seed, args), parameter))

@@ -13,12 +13,14 @@ from torch import Tensor, nn
 
 from megatron.model.args import TokenFormerArgs
 from megatron.model.attention import SelfAttention
+from megatron.model.kv_cache import LayerKVCache
 from megatron.model.norms import make_layer_norm
-from megatron.model.pattention import Pattention
+from megatron.model.parallel_pattention import ParallelPattention
 
 
 class TokenFormerLayer(nn.Module):
-    """x [b, s, d] -> [b, s, d]."""
+    """x [b, s, d] -> [b, s, d], replicated on every tensor-parallel rank (dropout here draws the same
+    masks on all of them)."""
 
     def __init__(self, args: TokenFormerArgs, device: str | torch.device | None = None) -> None:
         super().__init__()
@@ -26,9 +28,10 @@ class TokenFormerLayer(nn.Module):
         self.input_layernorm = make_layer_norm(args.norm, d, args.layernorm_epsilon, device)
         self.attention = SelfAttention(args, device)
         self.post_attention_layernorm = make_layer_norm(args.norm, d, args.layernorm_epsilon, device)
-        self.mlp = Pattention(d, d, args.ffn_slot_num, args.norm_activation_type, args.pattention_tau, device=device)
+        self.mlp = ParallelPattention(d, d, args.ffn_slot_num, args.norm_activation_type, args.pattention_tau,
+                                      device=device)
         self.hidden_dropout = args.hidden_dropout
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + F.dropout(self.attention(self.input_layernorm(x)), self.hidden_dropout, self.training)
+    def forward(self, x: Tensor, cache: LayerKVCache | None = None) -> Tensor:
+        x = x + F.dropout(self.attention(self.input_layernorm(x), cache), self.hidden_dropout, self.training)
         return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), self.hidden_dropout, self.training)

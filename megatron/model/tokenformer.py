@@ -1,4 +1,9 @@
-"""The TokenFormer language model (Wang et al., ICLR 2025): tokens [b, s] -> logits [b, s, vocab].
+"""The TokenFormer language model (Wang et al., ICLR 2025): tokens [b, s] -> logits [b, s, vocab / tp].
+
+With tensor parallelism (tp = model_parallel_size ranks) the embedding, the output layer and the logits
+are split by vocabulary (this rank's block [b, s, vocab / tp]; `mpu.vocab_parallel_cross_entropy` takes
+them as they are, `mpu.gather_from_region(logits, -1)` assembles them); everything else is split inside
+the layers (docs/tensor_parallel.md). With tp = 1 the logits are the whole vocabulary.
 
     word_embeddings (+ position_embeddings if pos_emb == "learned") -> dropout
     -> num_layers × TokenFormerLayer -> final_norm -> logits = h · Eᵀ (tied) or h · final_linearᵀ
@@ -11,18 +16,20 @@ state_dict names and the official GPT-NeoX pipeline checkpoint (layer file index
     final_norm.weight / .bias              num_layers+3: norm.weight / .bias
     final_linear.weight (untied only)      num_layers+4: final_linear.weight
     layers.{i}.**.norm_token_count         absent: set it to that Pattention's token count
-Non-parametric layer norms (`input_layernorm`, `post_attention_layernorm`) have no entries.
+Non-parametric layer norms (`input_layernorm`, `post_attention_layernorm`) have no entries. This
+framework's pipeline (pipeline.py) numbers its layers, and their checkpoint files, the same way.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from megatron.model.args import TokenFormerArgs
+from megatron.model.embedding import embed, input_embeddings
 from megatron.model.init_methods import InitRole, initialize_parameters
+from megatron.model.kv_cache import KVCache
 from megatron.model.layer import TokenFormerLayer
 from megatron.model.norms import make_layer_norm
+from megatron.mpu import VocabParallelOutput, checkpoint, vocab_parallel_logits
 
 
 class TokenFormerModel(nn.Module):
@@ -33,12 +40,10 @@ class TokenFormerModel(nn.Module):
         super().__init__()
         self.args = args
         d, vocab = args.hidden_size, args.padded_vocab_size
-        self.word_embeddings = nn.Embedding(vocab, d, device=device)
-        self.position_embeddings = (
-            nn.Embedding(args.max_position_embeddings, d, device=device) if args.pos_emb == "learned" else None)
+        self.word_embeddings, self.position_embeddings = input_embeddings(args, device)
         self.layers = nn.ModuleList(TokenFormerLayer(args, device) for _ in range(args.num_layers))
         self.final_norm = make_layer_norm(args.final_norm, d, args.layernorm_epsilon, device)
-        self.final_linear = nn.Linear(d, vocab, bias=False, device=device) if args.no_weight_tying else None
+        self.final_linear = VocabParallelOutput(d, vocab, device=device) if args.no_weight_tying else None
         if torch.device(device).type != "meta":
             initialize_parameters(self, args.seed, args)
 
@@ -53,7 +58,7 @@ class TokenFormerModel(nn.Module):
 
     @property
     def output_weight(self) -> Tensor:
-        """The [vocab, d] matrix the logits are computed with (the embedding when tied)."""
+        """The [vocab / tp, d] block the logits are computed with (the embedding's when tied)."""
         return self.word_embeddings.weight if self.final_linear is None else self.final_linear.weight
 
     def _forward_layers(self, hidden: Tensor, start: int, end: int) -> Tensor:
@@ -61,21 +66,19 @@ class TokenFormerModel(nn.Module):
             hidden = layer(hidden)
         return hidden
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        seq_len = tokens.shape[1]
-        hidden = self.word_embeddings(tokens)
-        if self.position_embeddings is not None:
-            if seq_len > self.args.max_position_embeddings:
-                raise ValueError(f"sequence of {seq_len} tokens exceeds max_position_embeddings="
-                                 f"{self.args.max_position_embeddings}: shorten it or raise the setting")
-            hidden = hidden + self.position_embeddings(torch.arange(seq_len, device=tokens.device))
-        hidden = F.dropout(hidden, self.args.hidden_dropout, self.training)
+    def forward(self, tokens: Tensor, cache: KVCache | None = None) -> Tensor:
+        """With a `cache` (generation), `tokens` follow the cached ones, whose keys and values are reused."""
+        hidden = embed(tokens, self.word_embeddings, self.position_embeddings, self.args, self.training,
+                       first_position=0 if cache is None else cache.length)
 
-        if self.args.checkpoint_activations and self.training and torch.is_grad_enabled():
+        if cache is not None:
+            for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
+                hidden = layer(hidden, layer_cache)
+        elif self.args.checkpoint_activations and self.training and torch.is_grad_enabled():
             group = self.args.checkpoint_num_layers
             for start in range(0, len(self.layers), group):
-                hidden = checkpoint(self._forward_layers, hidden, start, start + group, use_reentrant=False)
+                hidden = checkpoint(self._forward_layers, hidden, start, start + group)
         else:
             hidden = self._forward_layers(hidden, 0, len(self.layers))
 
-        return F.linear(self.final_norm(hidden), self.output_weight)
+        return vocab_parallel_logits(self.final_norm(hidden), self.output_weight)

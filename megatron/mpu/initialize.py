@@ -118,6 +118,29 @@ def get_data_parallel_world_size() -> int:
     return get_layout().data_size
 
 
+def get_data_parallel_group_ranks() -> list[int]:
+    return get_layout().data_parallel_ranks(dist.get_rank())
+
+
+def get_tensor_parallel_world_size() -> int:
+    """Ranks splitting one model replica's tensors; 1 before `initialize_model_parallel`, so a model
+    built outside a distributed run is a whole single-rank model."""
+    return _LAYOUT.tensor_size if _LAYOUT is not None else 1
+
+
+def get_tensor_parallel_rank() -> int:
+    """This rank's place in its tensor-parallel group; 0 before `initialize_model_parallel`."""
+    return _LAYOUT.coordinates(dist.get_rank())[2] if _LAYOUT is not None else 0
+
+
+# The names DeepSpeed's `mpu` protocol asks for (deepspeed.initialize(mpu=megatron.mpu)): it sums
+# gradient norms over the model-parallel group and names checkpoint files mp_rank_XX by its rank.
+# With one pipeline stage the model-parallel group is the tensor-parallel group.
+get_model_parallel_group = get_tensor_model_parallel_group = get_tensor_parallel_group
+get_model_parallel_rank = get_tensor_model_parallel_rank = get_tensor_parallel_rank
+get_model_parallel_world_size = get_tensor_model_parallel_world_size = get_tensor_parallel_world_size
+
+
 def destroy_model_parallel() -> None:
     """Forget the groups (tests create several layouts in one process)."""
     global _LAYOUT

@@ -33,3 +33,11 @@ class AbstractTokenizer(ABC):
     @abstractmethod
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; the end-of-document and padding ids are dropped."""
+
+    def checked_ids(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as ints; error naming the offenders when any lies outside the vocabulary."""
+        values = [int(i) for i in ids]
+        invalid = [i for i in values if not 0 <= i < self.vocab_size]
+        if invalid:
+            raise ValueError(f"{type(self).__name__} ids lie in [0, {self.vocab_size}), got {invalid[:5]}")
+        return values

@@ -4,27 +4,40 @@ import os
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.tokenizer.char_level_tokenizer import CharLevelTokenizer
+from megatron.tokenizer.gpt2_bpe_tokenizer import GPT2BPETokenizer
 from megatron.tokenizer.hf_tokenizer import HFTokenizer
+from megatron.tokenizer.spm_tokenizer import SPMTokenizer
 
-SUPPORTED_TOKENIZER_TYPES = ("HFTokenizer", "CharLevelTokenizer")
+SUPPORTED_TOKENIZER_TYPES = ("HFTokenizer", "GPT2BPETokenizer", "SPMTokenizer", "CharLevelTokenizer")
+# The files each type reads, as (config key, what the file is).
+_NEEDED_FILES = {
+    "HFTokenizer": (("vocab_file", "a tokenizer.json"),),
+    "GPT2BPETokenizer": (("vocab_file", "GPT-2's vocab.json"), ("merge_file", "GPT-2's merges.txt")),
+    "SPMTokenizer": (("vocab_file", "a SentencePiece .model"),),
+    "CharLevelTokenizer": (),
+}
 
 
 def build_tokenizer(
     tokenizer_type: str, vocab_file: str | None = None, merge_file: str | None = None
 ) -> AbstractTokenizer:
-    """The tokenizer named ``tokenizer_type``; ``merge_file`` is for the BPE types still to come."""
-    if tokenizer_type == "CharLevelTokenizer":
-        return CharLevelTokenizer()
+    """The tokenizer named ``tokenizer_type``, reading ``vocab_file`` (and ``merge_file`` for GPT2BPETokenizer)."""
+    if tokenizer_type not in _NEEDED_FILES:
+        supported = ", ".join(SUPPORTED_TOKENIZER_TYPES)
+        raise ValueError(f"unknown tokenizer_type {tokenizer_type!r}; supported: {supported}")
+    given = {"vocab_file": vocab_file, "merge_file": merge_file}
+    for key, description in _NEEDED_FILES[tokenizer_type]:
+        if not given[key]:
+            raise ValueError(f"tokenizer_type {tokenizer_type} needs {key}: the path of {description}")
+        if not os.path.isfile(given[key]):
+            raise FileNotFoundError(f"{key} {given[key]} not found (tokenizer_type {tokenizer_type})")
     if tokenizer_type == "HFTokenizer":
-        if not vocab_file:
-            raise ValueError("tokenizer_type HFTokenizer needs vocab_file: the path of a tokenizer.json")
-        if not os.path.isfile(vocab_file):
-            raise FileNotFoundError(f"vocab_file {vocab_file} not found (tokenizer_type HFTokenizer)")
         return HFTokenizer(vocab_file)
-    raise ValueError(
-        f"unknown tokenizer_type {tokenizer_type!r}; supported: {', '.join(SUPPORTED_TOKENIZER_TYPES)} "
-        f"(GPT2BPETokenizer and SPMTokenizer come with the data-pipeline issue)"
-    )
+    if tokenizer_type == "GPT2BPETokenizer":
+        return GPT2BPETokenizer(vocab_file, merge_file)
+    if tokenizer_type == "SPMTokenizer":
+        return SPMTokenizer(vocab_file)
+    return CharLevelTokenizer()
 
 
 def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, model_parallel_size: int) -> int:

@@ -26,8 +26,4 @@ class CharLevelTokenizer(AbstractTokenizer):
         return list(text.encode("utf-8"))
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        values = [int(i) for i in ids]
-        invalid = [i for i in values if not 0 <= i < self.vocab_size]
-        if invalid:
-            raise ValueError(f"CharLevelTokenizer ids lie in [0, {self.vocab_size}), got {invalid[:5]}")
-        return bytes(i for i in values if i != self.eod).decode("utf-8", errors="replace")
+        return bytes(i for i in self.checked_ids(ids) if i != self.eod).decode("utf-8", errors="replace")

@@ -44,8 +44,4 @@ class HFTokenizer(AbstractTokenizer):
         return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts))]
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        values = [int(i) for i in ids]
-        invalid = [i for i in values if not 0 <= i < self.vocab_size]
-        if invalid:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {invalid[:5]}")
-        return self._tokenizer.decode(values, skip_special_tokens=True)
+        return self._tokenizer.decode(self.checked_ids(ids), skip_special_tokens=True)

@@ -45,6 +45,7 @@ def build_datasets(cfg) -> Splits:
             num_samples,
             cfg.seq_length,
             cfg.seed,
+            (cfg.train_data_weights, cfg.valid_data_weights, cfg.test_data_weights),
         )
     else:
         datasets = build_train_valid_test_datasets(
@@ -68,4 +69,7 @@ def batch_iterator(
         data_parallel_rank=dp_rank,
         data_parallel_size=dp_size,
     )
-    return iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=_collate, num_workers=0))
+    # A generator of its own: starting an iterator draws a seed, which must not advance the global RNG
+    # that a resumed run restores from its checkpoint (dropout masks would shift).
+    return iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=_collate, num_workers=0,
+                           generator=torch.Generator()))

@@ -17,6 +17,7 @@ from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
 from megatron.config import ConfigError
+from megatron.launch import export_rank_environment
 
 
 def communication_backend(cfg) -> str:
@@ -29,17 +30,15 @@ def communication_backend(cfg) -> str:
 def initialize_distributed(cfg) -> mpu.ParallelLayout:
     """init_process_group (once), check the world size, build the groups, seed."""
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=communication_backend(cfg), verbose=False)
+        export_rank_environment(cfg)
+    # Also when torch.distributed is already up (a caller's own group): DeepSpeed's collectives, which the
+    # pipeline module uses before deepspeed.initialize, then wrap it.
+    deepspeed.init_distributed(dist_backend=communication_backend(cfg), verbose=False)
     world = dist.get_world_size()
     if cfg.world_size is not None and cfg.world_size != world:
         raise ConfigError(
             f"the config was resolved for {cfg.world_size} processes but {world} started; "
             "launch through deepy.py, or set num_gpus to the number of processes"
-        )
-    if cfg.model_parallel_size > 1 or cfg.pipe_parallel_size > 1:
-        raise ConfigError(
-            f"model_parallel_size={cfg.model_parallel_size}, pipe_parallel_size={cfg.pipe_parallel_size}: "
-            "this version trains data-parallel only; set both to 1 (pipe_parallel_size 0 is also accepted)"
         )
     accelerator = get_accelerator()
     if accelerator.device_name() != "cpu":
@@ -50,7 +49,10 @@ def initialize_distributed(cfg) -> mpu.ParallelLayout:
 
 
 def set_seed(seed: int) -> None:
+    """The same seed on every rank (replicated dropout draws the same masks), plus the per-tensor-rank
+    stream for split activations (mpu/random.py)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     get_accelerator().manual_seed_all(seed)
+    mpu.seed_model_parallel_rng(seed)

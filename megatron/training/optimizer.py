@@ -13,26 +13,38 @@ from typing import Any
 
 import torch
 
+from megatron.training.gradient_clipping import clips_in_optimizer
+
 _FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Split parameters into a decayed group (matrices) and a non-decayed one (1-D)."""
+def parameter_groups(model: torch.nn.Module, weight_decay: float, two_groups: bool = False) -> list[dict[str, Any]]:
+    """Split parameters into a decayed group (matrices) and a non-decayed one (1-D).
+
+    `two_groups`: always exactly two groups, as a stage of a multi-stage pipeline needs. DeepSpeed's ZeRO
+    optimizer all-reduces the gradient norm over every stage once per group, so all stages must have as
+    many groups, yet some stages have no 1-D parameters (TokenFormer's layer norms have none): there one
+    parameter of the other group gets a group of its own, with that group's weight decay.
+    """
     decay, no_decay = [], []
     for _, param in sorted(model.named_parameters()):
         if not param.requires_grad:
             continue
         (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if two_groups and not (decay and no_decay):
+        full, empty = (groups[0], groups[1]) if decay else (groups[1], groups[0])
+        if len(full["params"]) < 2:
+            raise ValueError("a pipeline stage holds fewer than two parameters; choose a pipe_partition_method "
+                             "or pipe_parallel_size that gives every stage a TokenFormer layer")
+        empty.update(params=[full["params"].pop()], weight_decay=full["weight_decay"])
+    return [group for group in groups if group["params"]]
 
 
 def build_optimizer(model: torch.nn.Module, cfg, device_type: str) -> torch.optim.Optimizer:
     params = (cfg.optimizer or {}).get("params", {})
     return torch.optim.AdamW(
-        parameter_groups(model, cfg.weight_decay),
+        parameter_groups(model, cfg.weight_decay, two_groups=cfg.pipe_parallel_size > 1),
         lr=cfg.lr,
         betas=tuple(params.get("betas", (0.9, 0.999))),
         eps=params.get("eps", 1e-8),
@@ -47,7 +59,8 @@ def deepspeed_config(cfg) -> dict[str, Any]:
         "train_batch_size": cfg.train_batch_size,
         "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-        "gradient_clipping": cfg.gradient_clipping,
+        # With ZeRO stage 0 in fp32 our optimizer's pre-step hook clips (gradient_clipping.py).
+        "gradient_clipping": 0.0 if clips_in_optimizer(cfg) else cfg.gradient_clipping,
         "zero_optimization": dict(cfg.zero_optimization or {"stage": 0}),
         # We log ourselves every log_interval; keep DeepSpeed's own prints rare.
         "steps_per_print": 10**9,

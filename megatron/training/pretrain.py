@@ -14,11 +14,15 @@ from megatron.config import ConfigError, check_run_inputs
 from megatron.learning_rates import LRSchedule
 from megatron.metrics import MetricsWriter
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
+from megatron.model.pipeline import build_pipeline
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.data import batch_iterator, build_datasets
 from megatron.training.distributed import initialize_distributed
+from megatron.training.gradient_clipping import clips_in_optimizer, install_gradient_clipping
+from megatron.training.numerics import NonFiniteSteps, skip_nonfinite_updates
 from megatron.training.optimizer import build_optimizer, deepspeed_config
-from megatron.training.step import evaluate, train_step
+from megatron.training.preemption import ExitConditions
+from megatron.training.step import evaluate, lm_loss, train_step
 
 
 def print_rank_0(message: str) -> None:
@@ -33,6 +37,7 @@ class RunState:
     last_train_loss: float | None = None
     last_valid_loss: float | None = None
     tokens_per_sec: float | None = None
+    exit_reason: str | None = None
 
 
 def setup_model_and_engine(cfg):
@@ -42,12 +47,25 @@ def setup_model_and_engine(cfg):
         tokenizer.vocab_size, cfg.make_vocab_size_divisible_by, cfg.model_parallel_size
     )
     model_args = TokenFormerArgs.from_config(cfg)
-    model = TokenFormerModel(model_args)
+    # pipe_parallel_size 0: the plain model; 1 or more: DeepSpeed's pipeline engine, as in GPT-NeoX.
+    pipelined = cfg.pipe_parallel_size >= 1
+    if pipelined:
+        topology = mpu.pipeline_topology(mpu.get_layout())
+        model = build_pipeline(model_args, topology, lm_loss, cfg.pipe_partition_method)
+    else:
+        model = TokenFormerModel(model_args)
     from deepspeed.accelerator import get_accelerator
 
     optimizer = build_optimizer(model, cfg, get_accelerator().device_name())
+    if clips_in_optimizer(cfg):
+        install_gradient_clipping(optimizer, cfg.gradient_clipping)
+        skip_nonfinite_updates(optimizer)
+    # mpu: DeepSpeed all-reduces gradients over our data-parallel group, counts each tensor-parallel
+    # block once in the gradient norm and names checkpoint files by tensor-parallel rank. A pipeline
+    # brings DeepSpeed's own groups instead, built from the same rank layout (mpu.pipeline_topology).
     engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=deepspeed_config(cfg), dist_init_required=False
+        model=model, optimizer=optimizer, config=deepspeed_config(cfg), dist_init_required=False,
+        mpu=None if pipelined else mpu,
     )
     return engine, optimizer, model_args
 
@@ -62,6 +80,8 @@ class Trainer:
         self.metrics = MetricsWriter(cfg, dist.get_rank())
         self.splits = build_datasets(cfg)
         self.state = RunState()
+        self.nonfinite_steps = NonFiniteSteps(self.engine, cfg)
+        self.exit_conditions = ExitConditions(cfg, self.engine.device)
         if cfg.load:
             iteration, consumed = load_checkpoint(self.engine, cfg, load_optimizer=not cfg.eval_only)
             self.state.iteration, self.state.consumed_samples = iteration, consumed
@@ -101,6 +121,7 @@ class Trainer:
         while state.iteration < cfg.train_iters:
             lr = self.schedule.apply(self.optimizer, state.iteration)
             loss, grad_norm = train_step(self.engine, batches)
+            self.nonfinite_steps.check(state.iteration + 1, loss, grad_norm)
             state.iteration += 1
             state.consumed_samples += cfg.train_batch_size
             state.last_train_loss = loss
@@ -113,7 +134,22 @@ class Trainer:
                 self.evaluate()
             if should_save(cfg, state.iteration):
                 save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples)
+            if state.iteration < cfg.train_iters and self._stops_early():
+                break
         return state
+
+    def _stops_early(self) -> bool:
+        """Collective: on preemption, exit_interval or exit_duration_in_mins, save here (unless the loop just
+        did) and tell the loop to stop."""
+        cfg, state = self.cfg, self.state
+        state.exit_reason = self.exit_conditions.reason(state.iteration)
+        if state.exit_reason is None:
+            return False
+        if cfg.save and not should_save(cfg, state.iteration):
+            save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples)
+        saved = f"; checkpoint saved in {cfg.save}" if cfg.save else "; no checkpoint (save is not set)"
+        print_rank_0(f"exiting after iteration {state.iteration}: {state.exit_reason}{saved}")
+        return True
 
     def _log_train(
         self, loss: float, lr: float, grad_norm: float | None, seconds_per_iter: float, tokens_per_step: int
@@ -166,8 +202,10 @@ def pretrain(cfg) -> RunState:
         trainer.evaluate()
     else:
         trainer.train()
-        if not (cfg.eval_interval and trainer.state.iteration % cfg.eval_interval == 0):
+        just_evaluated = cfg.eval_interval and trainer.state.iteration % cfg.eval_interval == 0
+        if not (trainer.state.exit_reason or just_evaluated):
             trainer.evaluate()
     print_rank_0(trainer.summary())
     trainer.metrics.close()
+    trainer.exit_conditions.restore_signal_handlers()
     return trainer.state

@@ -6,14 +6,14 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from megatron import mpu
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy, computed in fp32 whatever the model's dtype."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+    """Mean next-token cross-entropy of the vocabulary-split logits, in fp32 whatever the model's dtype."""
+    return mpu.vocab_parallel_cross_entropy(logits, labels).mean()
 
 
 def _forward(engine, batch: torch.Tensor) -> torch.Tensor:
@@ -27,43 +27,43 @@ def data_parallel_mean(value: torch.Tensor) -> float:
     return value.item() / mpu.get_data_parallel_world_size()
 
 
-def _replicated_grad_norm(engine) -> float:
-    """Global gradient norm when gradients are whole on every rank (ZeRO stage 0).
-
-    DeepSpeed reports the norm itself for ZeRO 1/2 (where gradients are
-    partitioned) but not for stage 0, so we compute it there, after the
-    data-parallel all-reduce of the accumulation boundary and before the step.
-    """
-    squares = [p.grad.detach().float().pow(2).sum() for p in engine.module.parameters() if p.grad is not None]
-    return torch.stack(squares).sum().sqrt().item()
+def _pipeline_micro_batches(batches: Iterator[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, labels) pairs, as DeepSpeed's pipeline engine reads them: the first stage takes the inputs,
+    the last the labels; it pulls one pair per micro-batch of the step."""
+    return ((batch[:, :-1], batch[:, 1:]) for batch in batches)
 
 
-def train_step(engine, batches: Iterator[torch.Tensor]) -> tuple[float, float | None]:
-    """Forward/backward over every micro-batch of one global batch, then the update.
-
-    DeepSpeed's engine scales each micro-batch loss by 1/accumulation steps and
-    steps the optimizer at the accumulation boundary. Returns the mean loss
-    over the global batch (all data-parallel ranks) and the gradient norm.
-    """
+def _accumulate(engine, batches: Iterator[torch.Tensor]) -> float:
+    """Forward/backward over every micro-batch of one global batch, then the update (the plain engine
+    scales each micro-batch loss by 1/accumulation steps and steps the optimizer at the boundary)."""
     engine.train()
     total = torch.zeros((), device=engine.device)
     steps = engine.gradient_accumulation_steps()
-    grad_norm = None
     for _ in range(steps):
         loss = _forward(engine, next(batches))
         engine.backward(loss)
-        if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:
-            grad_norm = _replicated_grad_norm(engine)
         engine.step()
         total += loss.detach()
-    if grad_norm is None and engine.get_global_grad_norm() is not None:
-        grad_norm = float(engine.get_global_grad_norm())
-    return data_parallel_mean(total / steps), grad_norm
+    return data_parallel_mean(total / steps)
+
+
+def train_step(engine, batches: Iterator[torch.Tensor]) -> tuple[float, float | None]:
+    """One optimizer step on the next global batch: the mean loss over it (all data-parallel ranks) and
+    the global gradient norm, the same quantities whether or not the model is pipelined."""
+    if isinstance(engine, PipelineEngine):
+        loss = float(engine.train_batch(_pipeline_micro_batches(batches)))
+    else:
+        loss = _accumulate(engine, batches)
+    grad_norm = engine.get_global_grad_norm()
+    return loss, None if grad_norm is None else float(grad_norm)
 
 
 @torch.no_grad()
 def evaluate(engine, batches: Iterator[torch.Tensor], num_global_batches: int) -> float:
     """Mean loss over the first `num_global_batches` global batches of a split."""
+    if isinstance(engine, PipelineEngine):
+        losses = [float(engine.eval_batch(_pipeline_micro_batches(batches))) for _ in range(num_global_batches)]
+        return sum(losses) / num_global_batches
     engine.eval()
     total = torch.zeros((), device=engine.device)
     count = num_global_batches * engine.gradient_accumulation_steps()

@@ -1,0 +1,48 @@
+# TokenFormer-NeoX on NVIDIA GPUs, for reproducible runs.
+#
+#   docker build -t tokenformer-neox .
+#   docker run --gpus all --rm --ipc=host -v "$PWD/data:/workspace/data" -v "$PWD/checkpoints:/workspace/checkpoints" \
+#       tokenformer-neox python deepy.py train.py configs/150M.yml configs/local_setup.yml
+#
+# CUDA 13.0 is what torch==2.13.0 from PyPI is built for; Python 3.11 is the version the CPU
+# set-up is tested with; the Python packages are exactly the pins of requirements/
+# (tests/test_docker.py checks all three). docs/cluster.md has the multi-node commands.
+FROM nvidia/cuda:13.0.2-cudnn-devel-ubuntu22.04
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Python 3.11 from Ubuntu's universe, g++ for the C++ data helpers, ssh/pdsh and Open MPI for the
+# multi-node launchers. Ubuntu moves these versions within a release, so they are not pinned
+# (DL3008); everything Python is.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        python3.11 python3.11-venv python3.11-dev g++ openssh-client pdsh openmpi-bin \
+    && rm -rf /var/lib/apt/lists/*
+
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+RUN python3.11 -m venv /opt/venv
+COPY requirements/ /tmp/requirements/
+RUN pip install \
+        -r /tmp/requirements/requirements-gpu.txt \
+        -r /tmp/requirements/requirements-mpi.txt \
+        -r /tmp/requirements/requirements-logging.txt \
+    && rm -rf /tmp/requirements
+
+RUN useradd --create-home --uid 1000 --user-group tokenformer \
+    && install -d -o 1000 -g 1000 /workspace
+WORKDIR /workspace
+COPY --chown=1000:1000 . .
+
+# The C++ data helpers, compiled now into a cache the non-root user owns (rebuilt there if the source
+# changes). DL3064 mistakes the variable's name for a secret: it holds a directory.
+# hadolint ignore=DL3064
+ENV TOKENFORMER_CACHE_DIR=/opt/tokenformer-cache
+RUN python -m megatron.data.compiled_helpers \
+    && chown -R 1000:1000 /opt/tokenformer-cache
+USER 1000:1000

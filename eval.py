@@ -1,0 +1,68 @@
+#!/usr/bin/env python
+"""Score a trained TokenFormer on lm-evaluation-harness tasks; started by deepy.py on every rank:
+
+    python deepy.py eval.py configs/demo.yml configs/eval.yml [eval_tasks=[piqa,hellaswag] ...]
+
+Loads the checkpoint in `load`, splits it over model_parallel_size processes (num_gpus must equal
+model_parallel_size), runs `eval_tasks` (lm-eval task names, plus the task YAML files of eval_include_path)
+in batches of train_micro_batch_size_per_gpu, and writes lm-eval's results as JSON to
+EVAL_RESULTS_PREFIX_eval_results.json. Needs the eval extra: pip install -r requirements/requirements-eval.txt.
+Offline use and local copies of the task datasets: docs/inference.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from megatron.config import Config
+from megatron.inference import load_model
+from megatron.inference.distributed import initialize_inference, is_output_rank
+from megatron.launch import decode_config
+from megatron.tokenizer import build_tokenizer
+
+
+def results_path(cfg: Config) -> Path:
+    return Path(f"{cfg.eval_results_prefix}_eval_results.json" if cfg.eval_results_prefix else "eval_results.json")
+
+
+def task_manager(cfg: Config):
+    """lm-eval's task index; its thousands of built-in task files are indexed only when a task is not one of
+    eval_include_path's (indexing them takes tens of seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    if cfg.eval_include_path is not None:
+        local = TaskManager(include_path=cfg.eval_include_path, include_defaults=False)
+        if set(cfg.eval_tasks) <= set(local.all_tasks):
+            return local
+    return TaskManager(include_path=cfg.eval_include_path)
+
+
+def main(cfg: Config) -> dict:
+    import lm_eval
+    from lm_eval.utils import handle_non_serializable
+
+    from megatron.inference.lm_eval_adapter import TokenFormerLM
+
+    device = initialize_inference(cfg)
+    tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
+    model = load_model(cfg.eval_ckpt or cfg.load, cfg, device)
+    lm = TokenFormerLM(model, tokenizer, batch_size=cfg.train_micro_batch_size_per_gpu, seed=cfg.seed, device=device)
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=cfg.eval_tasks, task_manager=task_manager(cfg),
+        log_samples=False, random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+        fewshot_random_seed=cfg.seed)
+    results = json.loads(json.dumps(results, default=handle_non_serializable))
+    if is_output_rank():
+        results_path(cfg).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        print(f"results for {', '.join(cfg.eval_tasks)}: {json.dumps(results['results'], indent=2)}\n"
+              f"written to {results_path(cfg)}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--megatron_config", required=True, help="resolved config from deepy.py")
+    parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
+    main(decode_config(parser.parse_args().megatron_config))

@@ -1,0 +1,34 @@
+#!/usr/bin/env python
+"""Generate text with a trained TokenFormer; started by deepy.py on every rank:
+
+    python deepy.py generate.py configs/demo.yml configs/text_generation.yml [key=value ...]
+
+Loads the checkpoint in `load` (any layout it was saved with), splits it over model_parallel_size
+processes (num_gpus must equal model_parallel_size), and writes sample_output_file (jsonl). Modes, sampling
+keys and the output format: docs/inference.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from megatron.config import Config
+from megatron.inference import load_model
+from megatron.inference.distributed import initialize_inference
+from megatron.inference.text_generation import generate_samples
+from megatron.launch import decode_config
+from megatron.tokenizer import build_tokenizer
+
+
+def main(cfg: Config) -> list[dict]:
+    device = initialize_inference(cfg)
+    tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
+    model = load_model(cfg.eval_ckpt or cfg.load, cfg, device)
+    return generate_samples(cfg, model, tokenizer, device)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--megatron_config", required=True, help="resolved config from deepy.py")
+    parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
+    main(decode_config(parser.parse_args().megatron_config))

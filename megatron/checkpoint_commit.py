@@ -1,0 +1,104 @@
+"""Make a checkpoint visible only once every rank's files are complete.
+
+    SAVE/.tmp-global_stepN/                 engine.save_checkpoint(save_latest=False), rng states, config.json
+    SAVE/.tmp-global_stepN/manifest.json    after a barrier: each file's size and SHA-256, hashed by all ranks
+    SAVE/global_stepN/                      one atomic rename
+    SAVE/latest                             then replaced atomically (write, fsync, rename)
+    older global_stepM/                     deleted beyond keep_last_n_checkpoints only now
+
+A SIGKILL at any moment leaves `latest` naming a complete checkpoint. An
+interrupted save leaves a `.tmp-` directory, which the next save removes and a
+resume reports as skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+from megatron.checkpoint_manifest import checkpoint_files, record_file, sync_directory, write_durably, write_manifest
+from megatron.work_split import barrier, is_rank_0, map_over_ranks, same_on_all_ranks
+
+STAGING_PREFIX = ".tmp-"
+LATEST = "latest"
+CHECKPOINT_TAG = re.compile(r"^global_step(\d+)$")
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written; the previous one is untouched."""
+
+
+def staging_directory(save_dir: Path, tag: str) -> Path:
+    return save_dir / f"{STAGING_PREFIX}{tag}"
+
+
+def remove_interrupted_saves(save_dir: Path) -> None:
+    """Collective: rank 0 deletes what earlier interrupted saves left behind."""
+    if is_rank_0() and save_dir.is_dir():
+        for leftover in save_dir.glob(f"{STAGING_PREFIX}*"):
+            shutil.rmtree(leftover)
+    barrier()
+
+
+@contextmanager
+def reporting_write_failures(save_dir: Path, tag: str) -> Iterator[None]:
+    """Turn a failed write (disk full, quota, I/O error) into one clear error and drop the partial files."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        free_mb = shutil.disk_usage(save_dir).free / 2**20 if save_dir.is_dir() else 0.0
+        shutil.rmtree(staging_directory(save_dir, tag), ignore_errors=True)
+        cause = error
+        while cause.__context__ is not None:  # torch's writer reports a full disk as a later, vaguer error
+            cause = cause.__context__
+        marker = save_dir / LATEST
+        previous = marker.read_text(encoding="utf-8").strip() if marker.is_file() else "none"
+        raise CheckpointWriteError(
+            f"could not save checkpoint {tag} in {save_dir} ({free_mb:.1f} MB free there): "
+            f"{str(cause).strip().splitlines()[0]}. The previous checkpoint ({previous}) is untouched; make room "
+            "or set save to another directory, then resume."
+        ) from error
+
+
+def commit(save_dir: Path, tag: str) -> Path:
+    """Collective, after every rank wrote its files into the staging directory: manifest, rename, `latest`."""
+    staging = staging_directory(save_dir, tag)
+    barrier()
+    files = same_on_all_ranks(checkpoint_files(staging))
+    records = map_over_ranks(partial(record_file, staging), files)
+    final = save_dir / tag
+    if is_rank_0():
+        write_manifest(staging, records)
+        _replace_directory(staging, final)
+        write_durably(save_dir / LATEST, tag)
+    barrier()
+    return final
+
+
+def _replace_directory(source: Path, target: Path) -> None:
+    """Rename `source` to `target`; an existing `target` (the same iteration saved again after resuming
+    from an earlier checkpoint) is moved out of sight first and deleted after."""
+    replaced = target.with_name(f"{STAGING_PREFIX}replaced-{target.name}")
+    if target.exists():
+        target.rename(replaced)
+    source.rename(target)
+    sync_directory(target.parent)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
+    """Rank 0: checkpoints up to iteration `newest` beyond the `keep` newest. Later ones (left by a run this
+    one resumed from an earlier point of) are not ours to judge. Each is renamed out of sight before it is
+    deleted, so a kill mid-delete leaves no half checkpoint under a visible name."""
+    if not is_rank_0():
+        return
+    steps = sorted((int(m.group(1)), path) for path in save_dir.iterdir()
+                   if (m := CHECKPOINT_TAG.match(path.name)) and path.is_dir() and int(m.group(1)) <= newest)
+    for _, path in steps[:-keep]:
+        doomed = path.with_name(f"{STAGING_PREFIX}deleted-{path.name}")
+        path.rename(doomed)
+        shutil.rmtree(doomed)

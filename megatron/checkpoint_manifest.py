@@ -1,0 +1,89 @@
+"""`manifest.json`: the size and SHA-256 of every file of a checkpoint.
+
+It is written after every rank's files are complete and before the checkpoint
+gets its visible name (checkpoint_commit.py), so a resume can tell a complete
+checkpoint from a truncated, corrupted or half-copied one and name the bad file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    name: str  # relative to the checkpoint directory
+    size: int
+    sha256: str
+
+
+def checkpoint_files(directory: Path) -> list[str]:
+    """Every file of the checkpoint but the manifest, relative and sorted."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def record_file(directory: Path, name: str) -> list[FileRecord]:
+    """The file's record, after flushing it to disk (the manifest must not vouch for data still in the page
+    cache); a one-item list, for work_split.map_over_ranks."""
+    with open(directory / name, "rb") as stream:
+        os.fsync(stream.fileno())
+        digest = hashlib.file_digest(stream, "sha256").hexdigest()
+    return [FileRecord(name, (directory / name).stat().st_size, digest)]
+
+
+def write_durably(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically: a reader sees the old or the new content, never a mix."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as stream:
+        stream.write(text)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(partial, path)
+    sync_directory(path.parent)
+
+
+def sync_directory(directory: Path) -> None:
+    """Make renames and new entries in `directory` durable."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_manifest(directory: Path, records: list[FileRecord]) -> None:
+    files = {r.name: {"size": r.size, "sha256": r.sha256} for r in sorted(records, key=lambda r: r.name)}
+    write_durably(directory / MANIFEST, json.dumps({"format": _FORMAT, "files": files}, indent=1))
+
+
+def read_manifest(directory: Path) -> list[FileRecord] | None:
+    """The records of `directory`'s manifest; None if it has none. Raises ValueError if it is unreadable."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+        return [FileRecord(name, int(entry["size"]), str(entry["sha256"])) for name, entry in content["files"].items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path} is not a valid manifest ({error!r})") from None
+
+
+def file_problems(directory: Path, record: FileRecord) -> list[str]:
+    """What is wrong with one file compared to its record ([] if it matches)."""
+    path = directory / record.name
+    if not path.is_file():
+        return [f"{record.name} is missing"]
+    size = path.stat().st_size
+    if size != record.size:
+        return [f"{record.name} has {size} bytes, the manifest says {record.size} (truncated or overwritten)"]
+    with open(path, "rb") as stream:
+        if hashlib.file_digest(stream, "sha256").hexdigest() != record.sha256:
+            return [f"{record.name} does not match its SHA-256 in the manifest (corrupted)"]
+    return []

@@ -1,0 +1,79 @@
+"""Which checkpoint a run resumes from, verified before DeepSpeed reads it.
+
+The tag `latest` names is checked first: its manifest (every file's size and
+SHA-256) and the screening of its pickles (checkpoint_safety.py), with the files
+shared over all ranks. If it fails, the newest checkpoint that passes is used,
+with a warning naming what was skipped and why; if none passes, the run stops
+listing every problem rather than silently starting from scratch. Interrupted
+saves (`.tmp-` directories) are reported as skipped.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+
+from megatron.checkpoint_commit import CHECKPOINT_TAG, LATEST, STAGING_PREFIX
+from megatron.checkpoint_manifest import FileRecord, checkpoint_files, file_problems, read_manifest
+from megatron.checkpoint_safety import CheckpointRefused, unpickling_problems
+from megatron.work_split import is_rank_0, map_over_ranks, same_on_all_ranks
+
+
+def warn(message: str) -> None:
+    if is_rank_0():
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _newest_first(load_dir: Path) -> list[str]:
+    """`latest`'s tag, then every global_stepN, highest N first."""
+    marker = load_dir / LATEST
+    named = [marker.read_text(encoding="utf-8").strip()] if marker.is_file() else []
+    steps = sorted(((int(m.group(1)), p.name) for p in load_dir.iterdir()
+                    if (m := CHECKPOINT_TAG.match(p.name)) and p.is_dir()), reverse=True)
+    return named + [tag for _, tag in steps if tag not in named]
+
+
+def _one_file_problems(directory: Path, records: dict[str, FileRecord], name: str) -> list[str]:
+    return (file_problems(directory, records[name]) if name in records else []) or unpickling_problems(directory, name)
+
+
+def checkpoint_problems(directory: Path) -> list[str]:
+    """Collective: why `directory` cannot be resumed from ([] if it can)."""
+    if not directory.is_dir():
+        return [f"{directory} does not exist"]
+    try:
+        records = {record.name: record for record in read_manifest(directory) or ()}
+    except ValueError as error:
+        return [str(error)]
+    names = same_on_all_ranks(sorted(set(records) | set(checkpoint_files(directory))))
+    return map_over_ranks(partial(_one_file_problems, directory, records), names)
+
+
+def resume_tag(load_dir: str | None) -> str | None:
+    """Collective: the tag to resume from, None for a fresh run; CheckpointRefused if none can be used."""
+    if not load_dir or not Path(load_dir).is_dir():
+        return None
+    directory = Path(load_dir)
+    candidates = same_on_all_ranks(_newest_first(directory))
+    skipped = [f"{p.name}: an interrupted save" for p in sorted(directory.glob(f"{STAGING_PREFIX}global_step*"))]
+    for tag in candidates:
+        problems = checkpoint_problems(directory / tag)
+        if problems:
+            skipped.append(f"{tag}: {'; '.join(problems)}")
+            continue
+        if skipped:
+            warn(f"resuming from {tag} in {directory}; skipped:\n  " + "\n  ".join(skipped))
+        if not (directory / LATEST).is_file():
+            warn(f"{directory} has no `{LATEST}` file; resuming from its newest complete checkpoint, {tag}")
+        if read_manifest(directory / tag) is None:
+            warn(f"{directory / tag} has no manifest.json (written by an older version or another tool), "
+                 "so its files could not be verified")
+        return tag
+    if candidates:
+        raise CheckpointRefused(
+            f"load={directory}: no checkpoint there can be resumed from:\n  " + "\n  ".join(skipped)
+            + "\nRestore the damaged files, or move these checkpoints away to start from scratch.")
+    if skipped:
+        warn(f"no complete checkpoint in {directory}; starting from scratch. Skipped:\n  " + "\n  ".join(skipped))
+    return None

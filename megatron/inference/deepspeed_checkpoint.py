@@ -1,0 +1,96 @@
+"""This project's checkpoints (DeepSpeed's layout) as per-tensor-rank state dicts under TokenFormerModel's names.
+
+    SAVE/latest                                    names the newest tag, e.g. global_step300
+    SAVE/global_stepN/config.json                  the resolved config of the run
+    SAVE/global_stepN/mp_rank_XX_model_states.pt   one pipeline stage: tensor rank XX's weights ('module')
+    SAVE/global_stepN/layer_II-model_XX-model_states.pt
+                                                   pipeline stages: layer II of pipeline.py's numbering,
+                                                   tensor rank XX's block (the mp_rank files then hold
+                                                   no weights)
+
+Weights are read with torch.load(weights_only=True). The optimizer shards (`*_optim_states.pt`) and
+rng_state files are never opened.
+
+`write_checkpoint` writes the single-stage layout: what DeepSpeed's engine.load_checkpoint reads for the
+weights, at iteration 0, without optimizer state (an inference checkpoint, e.g. converted official weights).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from megatron.config import Config
+from megatron.model.pipeline import model_parameter_name
+
+_MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+_LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
+
+
+def tag_directory(path: Path) -> Path | None:
+    """The `global_stepN` directory `path` is or whose `latest` names; None if `path` is neither."""
+    marker = path / "latest"
+    if marker.is_file():
+        tag_dir = path / marker.read_text(encoding="utf-8").strip()
+        if not tag_dir.is_dir():
+            raise FileNotFoundError(f"{marker} names {tag_dir.name!r}, but {tag_dir} does not exist")
+        return tag_dir
+    if any(_MODEL_FILE.match(p.name) or _LAYER_FILE.match(p.name) for p in path.iterdir()):
+        return path
+    return None
+
+
+def _load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _files_by_rank(tag_dir: Path, pattern: re.Pattern) -> dict[tuple[int, ...], Path]:
+    return {tuple(int(g) for g in m.groups()): p for p in tag_dir.iterdir() if (m := pattern.match(p.name))}
+
+
+def _check_ranks(tag_dir: Path, ranks: list[int]) -> int:
+    if sorted(set(ranks)) != list(range(len(set(ranks)))):
+        raise FileNotFoundError(f"{tag_dir}: tensor ranks {sorted(set(ranks))} found, some are missing; "
+                                "copy every mp_rank/layer file of the checkpoint")
+    return len(set(ranks))
+
+
+def read_tensor_rank_states(tag_dir: Path, num_layers: int) -> list[dict[str, Tensor]]:
+    """One state dict per tensor-parallel rank, in rank order, under TokenFormerModel's names."""
+    layer_files = _files_by_rank(tag_dir, _LAYER_FILE)
+    if layer_files:
+        ranks = _check_ranks(tag_dir, [rank for _, rank in layer_files])
+        states: list[dict[str, Tensor]] = [{} for _ in range(ranks)]
+        for (layer, rank), path in sorted(layer_files.items()):
+            for key, tensor in _load(path).items():
+                states[rank][model_parameter_name(layer, key, num_layers)] = tensor
+        return states
+    model_files = _files_by_rank(tag_dir, _MODEL_FILE)
+    if not model_files:
+        raise FileNotFoundError(f"{tag_dir} holds no mp_rank_XX_model_states.pt or layer_*-model_states.pt files")
+    _check_ranks(tag_dir, [rank for (rank,) in model_files])
+    return [_load(model_files[(rank,)])["module"] for rank in range(len(model_files))]
+
+
+def write_checkpoint(shards: list[Mapping[str, Tensor]], config: Config, save_dir: str | Path,
+                     tag: str = "global_step0") -> Path:
+    """`save_dir`/`tag`/mp_rank_XX_model_states.pt for each tensor rank, config.json, and `latest`."""
+    import deepspeed
+
+    tag_dir = Path(save_dir) / tag
+    tag_dir.mkdir(parents=True, exist_ok=True)
+    for rank, shard in enumerate(shards):
+        torch.save({
+            "module": dict(shard),
+            "optimizer": None, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,
+            "global_steps": 0, "global_samples": 0, "skipped_steps": 0,
+            "dp_world_size": 1, "mp_world_size": len(shards), "ds_version": deepspeed.__version__,
+            "iteration": 0, "consumed_train_samples": 0,
+        }, tag_dir / f"mp_rank_{rank:02d}_model_states.pt")
+    (tag_dir / "config.json").write_text(config.to_json(), encoding="utf-8")
+    (Path(save_dir) / "latest").write_text(tag, encoding="utf-8")
+    return tag_dir

@@ -1,0 +1,131 @@
+"""`load_model`: a checkpoint or exported weights -> a TokenFormerModel for inference, without DeepSpeed.
+
+    from megatron.inference import load_model
+    model = load_model("demo_run/checkpoints")      # newest checkpoint, whatever TP/PP layout it was saved in
+    logits = model(torch.tensor([[1, 2, 3]]))        # LongTensor [batch, seq] -> logits [batch, seq, vocab]
+
+`path` may be
+  - a checkpoint directory (`save`, whose `latest` names the tag) or one `global_stepN` directory in it;
+  - an exported directory or file: `model.safetensors` / `pytorch_model.bin` (or a sharded `*.index.json`)
+    with `config.json` beside it, or DeepSpeed's zero_to_fp32 output (pass `config=` for that one);
+  - the official release's `pytorch_model.bin` (recognised by its keys, official_layout.py; pass `config=`).
+The architecture comes from the `config.json` saved with the weights; `config` (a Config, or a YAML/JSON
+file) is needed only where none was saved, and when both exist their architecture keys must agree.
+Whatever layout the weights were saved in is consolidated into the whole model first. Called where
+`mpu` is initialised (generate.py, eval.py under tensor parallelism), each rank then keeps its own block;
+anywhere else (a notebook, a script) the model is whole and its logits cover the whole vocabulary.
+Weights are cast to fp32.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from megatron.config import Config
+from megatron.inference.deepspeed_checkpoint import read_tensor_rank_states, tag_directory
+from megatron.inference.official_layout import from_official, is_official, official_key
+from megatron.inference.tensor_parallel_layout import merge_shards, split_dimensions
+from megatron.inference.weight_files import CONFIG_NAME, read_config, read_weights, weights_in_directory
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.mpu import full_shape, local_block
+
+# Config keys that change the function the weights compute (shapes are checked against the weights).
+ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "qkv_slot_num", "proj_slot_num",
+                     "ffn_slot_num", "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "final_norm",
+                     "layernorm_epsilon", "no_weight_tying", "norm_activation_type", "pattention_tau")
+
+
+def _choose_config(saved: Path, given: Config | str | Path | None, weights: Path) -> Config:
+    saved_config = read_config(saved) if saved.is_file() else None
+    given_config = read_config(given) if isinstance(given, (str, Path)) else given
+    if given_config is None and saved_config is None:
+        raise FileNotFoundError(f"{weights} has no {CONFIG_NAME} beside it; pass config= (the run's YAML or the "
+                                f"{CONFIG_NAME} of the checkpoint it came from)")
+    if given_config is not None and saved_config is not None:
+        different = [f"{key}: saved {getattr(saved_config, key)!r}, given {getattr(given_config, key)!r}"
+                     for key in ARCHITECTURE_KEYS if getattr(saved_config, key) != getattr(given_config, key)]
+        if different:
+            raise ValueError(f"the config given does not describe the model saved in {weights} ({saved}): "
+                             + "; ".join(different) + ". Fix those keys or leave config unset")
+    return given_config if given_config is not None else saved_config
+
+
+def inference_args(config: Config, padded_vocab_size: int) -> TokenFormerArgs:
+    """The model's args for inference: the config's architecture, no dropout, no recomputation."""
+    return TokenFormerArgs.from_config(config, padded_vocab_size=padded_vocab_size, hidden_dropout=0.0,
+                                       attention_dropout=0.0, checkpoint_activations=False)
+
+
+def _read_checkpoint(tag_dir: Path, config: Config) -> dict[str, Tensor]:
+    shards = read_tensor_rank_states(tag_dir, config.num_layers)
+    vocab = shards[0]["word_embeddings.weight"].shape[0] * len(shards)
+    dims = split_dimensions(inference_args(config, vocab))
+    missing = sorted(set(dims) - set(shards[0]))
+    if missing:
+        raise KeyError(f"{tag_dir} has no weights for {missing[:5]}: its config.json does not describe it")
+    return merge_shards(shards, dims)
+
+
+def load_state(path: str | Path, config: Config | str | Path | None = None) -> tuple[dict[str, Tensor], Config]:
+    """The whole model's state dict (fp32 weights) saved at `path`, and the config describing it."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: pass a checkpoint directory or an exported weights file")
+    tag_dir = tag_directory(path) if path.is_dir() else None
+    if tag_dir is not None:
+        cfg = _choose_config(tag_dir / CONFIG_NAME, config, tag_dir)
+        state = _read_checkpoint(tag_dir, cfg)
+    else:
+        weights = weights_in_directory(path) if path.is_dir() else path
+        if weights is None:
+            raise FileNotFoundError(f"{path} holds neither a checkpoint (latest, global_stepN/) nor exported "
+                                    "weights (model.safetensors, pytorch_model.bin)")
+        cfg = _choose_config(weights.parent / CONFIG_NAME, config, weights)
+        state = read_weights(weights)
+        if is_official(state):
+            vocab = state[official_key("word_embeddings.weight", cfg.num_layers)].shape[0]
+            state = from_official(state, inference_args(cfg, vocab))
+    return {name: t.float() if t.is_floating_point() else t for name, t in state.items()}, cfg
+
+
+def check_state_fits(state: dict[str, Tensor], config: Config, source: str | Path) -> None:
+    """One error naming every missing, unexpected or misshapen entry if `state` is not the model `config`
+    describes (with the vocabulary size of its embedding)."""
+    if "word_embeddings.weight" not in state:
+        raise KeyError(f"{source} has no word_embeddings.weight: it is not a TokenFormer state dict")
+    model = TokenFormerModel(inference_args(config, state["word_embeddings.weight"].shape[0]), device="meta")
+    expected = {name: full_shape(tensor) for name, tensor in chain(model.named_parameters(), model.named_buffers())}
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong = [f"{name} {tuple(state[name].shape)} (config: {expected[name]})" for name in expected
+             if name in state and tuple(state[name].shape) != expected[name]]
+    if missing or unexpected or wrong:
+        raise ValueError(f"the weights in {source} do not fit the model its config describes: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}, shapes {wrong[:5]}; check the config's model keys")
+
+
+def _own_block(whole: Tensor, like: Tensor) -> Tensor:
+    """This rank's block of `whole`, copied when it is a part, so that the whole tensor can be freed."""
+    block = local_block(whole, like)
+    return block if block.shape == whole.shape else block.clone()
+
+
+def build_model(state: dict[str, Tensor], config: Config, device: str | torch.device = "cpu",
+                source: str | Path = "the state dict") -> TokenFormerModel:
+    """A model in eval mode holding `state` (this rank's blocks of it under tensor parallelism)."""
+    check_state_fits(state, config, source)
+    model = TokenFormerModel(inference_args(config, state["word_embeddings.weight"].shape[0]), device="meta")
+    local = {name: _own_block(state[name], tensor)
+             for name, tensor in chain(model.named_parameters(), model.named_buffers())}
+    model.load_state_dict(local, assign=True)
+    return model.to(device).eval()
+
+
+def load_model(path: str | Path, config: Config | str | Path | None = None,
+               device: str | torch.device = "cpu") -> TokenFormerModel:
+    """The model saved at `path`, in eval mode on `device` (see the module docstring for what `path` may be)."""
+    state, cfg = load_state(path, config)
+    return build_model(state, cfg, device, path)

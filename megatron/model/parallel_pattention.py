@@ -1,0 +1,46 @@
+"""Pattention split over the tensor-parallel ranks along its parameter-token axis.
+
+Rank r of t holds key and value tokens [r·n/t, (r+1)·n/t) of the layer, under the single-device names
+(`key_param_tokens`, `value_param_tokens`), and the global n in `norm_token_count`. For a full input X:
+
+    A_r = τ·X·K_rᵀ                                          local scores [tokens, n/t]
+    s = Σ_r rowsum_r(A_r)   (softmax: after m = max_r rowmax)  one all-reduce of [tokens]
+    Y_r = Θ(A_r; s, m, n)·V_r                                this rank's share; Σ_r Y_r = Pattention(X)
+
+The shares are summed by the caller: an all-reduce when the next computation is replicated (`forward`),
+a reduce-scatter when it is split (Q, K, V into attention heads). The math is pattention.py's fused
+node, given the tensor-parallel all-reduces for the row statistics (forward) and their gradient (backward).
+"""
+
+import torch
+from torch import Tensor
+
+from megatron.model.pattention import Pattention, fused_pattention
+from megatron.mpu import all_reduce_max, all_reduce_sum, copy_to_region, mark_split, reduce_from_region, split_size
+
+
+class ParallelPattention(Pattention):
+    """A Pattention d_in -> d_out of `num_tokens` tokens, of which this rank holds its contiguous block."""
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        num_tokens: int,
+        norm_type: str,
+        tau: float = 1.0,
+        device: str | torch.device | None = None,
+    ) -> None:
+        local_tokens = split_size(num_tokens, "a Pattention's parameter-token count (slot_num)")
+        super().__init__(input_dim, output_dim, local_tokens, norm_type, tau, device, norm_token_count=num_tokens)
+        mark_split(self.key_param_tokens, dim=0)
+        mark_split(self.value_param_tokens, dim=0)
+
+    def partial_output(self, x: Tensor) -> Tensor:
+        """This rank's share Θ(A_r)·V_r of the output for input x, which every rank must hold in full."""
+        return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm_type, self.tau,
+                                self.norm_token_count, reduce_sum=all_reduce_sum, reduce_max=all_reduce_max)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Replicated x [..., d_in] -> replicated output [..., d_out]."""
+        return reduce_from_region(self.partial_output(copy_to_region(x)))

@@ -1,0 +1,42 @@
+"""Per-rank script for the launch tests, started by deepy.py like train.py but with no model.
+
+Joins the process group through the framework's own rank discovery, checks
+that every rank arrived (an all-reduce of the ranks), and prints what it
+found. With $FAIL_RANK set, that rank then raises while the others go on
+working (a 10-minute sleep stands for a long step): only the launcher ending
+the whole job stops them in time.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from megatron.launch import decode_config  # noqa: E402
+from megatron.training.distributed import initialize_distributed  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--megatron_config", required=True)
+    args, _ = parser.parse_known_args()  # DeepSpeed's runner adds --local_rank
+    initialize_distributed(decode_config(args.megatron_config))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ranks = torch.tensor([rank])
+    dist.all_reduce(ranks)
+    assert ranks.item() == world * (world - 1) // 2, ranks.item()
+    local_rank, master = os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"]
+    print(f"rank {rank} of {world}: local rank {local_rank}, master {master}", flush=True)
+    if os.environ.get("FAIL_RANK") == str(rank):
+        raise RuntimeError(f"rank {rank} fails on purpose at {time.time():.3f}")
+    if "FAIL_RANK" in os.environ:
+        time.sleep(600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""What deepy.py asks each launcher to run, the checks before it does, and each rank's environment.
+
+The launches themselves run for real in test_slurm.py, test_mpi.py,
+test_rank_failure.py and test_hostfile.py; these tests pin the arguments and
+the errors that must come before any process starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from megatron.config import ConfigError, load_config
+from megatron.launch import (
+    check_launcher,
+    decode_config,
+    encode_config,
+    export_rank_environment,
+    launch_command,
+    launch_notes,
+    process_slots,
+)
+from megatron.launch.environment import TORCH_VARIABLES
+from tests.launch_checks import TINY
+
+TWO_NODES = {"node-a": [0, 1], "node-b": [0, 1]}
+
+
+def config(*overrides: str):
+    return load_config(TINY, list(overrides))
+
+
+@pytest.fixture
+def hostfile(tmp_path) -> str:
+    path = tmp_path / "hostfile"
+    path.write_text("node-a slots=2\nnode-b slots=2\n")
+    return str(path)
+
+
+def test_srun_runs_one_task_per_slot_and_ends_the_step_on_a_failure(hostfile):
+    cfg = config("launcher=slurm", f"hostfile={hostfile}", "comment=project-42")
+    assert launch_command(cfg, TWO_NODES, "train.py", ["--megatron_config", "X"]) == [
+        "srun", "--ntasks=4", "--nodes=2", "--ntasks-per-node=2", "--nodelist=node-a,node-b", "--kill-on-bad-exit=1",
+        "--comment=project-42", sys.executable, "-u", "train.py", "--megatron_config", "X",
+    ]
+
+
+def test_openmpi_lists_hosts_with_their_process_counts(hostfile):
+    command = launch_command(config("launcher=openmpi", f"hostfile={hostfile}"), {"node-a": [0, 1], "node-b": [0]},
+                             "train.py", [])
+    assert command[:7] == ["mpirun", "-n", "3", "--host", "node-a:2,node-b:1", "--bind-to", "none"]
+    assert ("--allow-run-as-root" in command) == (os.geteuid() == 0)
+    assert command[command.index("PATH") - 1] == "-x"
+    assert command[-3:] == [sys.executable, "-u", "train.py"]
+
+
+def test_mpich_runs_the_same_count_on_every_host(hostfile):
+    command = launch_command(config("launcher=mpich", f"hostfile={hostfile}"), TWO_NODES, "train.py", [])
+    assert command == ["mpirun", "-n", "4", "-ppn", "2", "-hosts", "node-a,node-b", sys.executable, "-u", "train.py"]
+
+
+def test_deepspeed_runner_gets_the_exact_slots_and_the_first_host_as_master(hostfile):
+    command = launch_command(config(f"hostfile={hostfile}"), {"node-a": [1], "node-b": [0, 1]}, "train.py", ["A"])
+    assert command[3:] == [
+        "deepspeed.launcher.runner", "--log_level", "warning", "--master_port", "29500",
+        "--include", "node-a:1@node-b:0,1", "--hostfile", hostfile, "--launcher", "pdsh", "--no_ssh_check",
+        "--master_addr", "node-a", "--force_multi", "train.py", "A",
+    ]
+
+
+def test_local_run_starts_num_gpus_processes():
+    cfg = config()
+    slots = process_slots(cfg, "cpu", 1)
+    assert slots == {"localhost": [0, 1]}
+    assert launch_command(cfg, slots, "train.py", [])[-3:] == ["--num_gpus", "2", "train.py"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "slots", "expected"),
+    [
+        (["launcher=slurm"], {"localhost": [0, 1]}, "launcher: slurm needs hostfile"),
+        (["deepspeed_slurm=true"], {"localhost": [0, 1]}, "deepspeed_slurm: true .* set launcher: slurm as well"),
+        (["launcher=slurm", "HOSTFILE"], {"node-a": [0, 1], "node-b": [0]},
+         r"runs the same number of processes on every host, got \{'node-a': 2, 'node-b': 1\}"),
+        (["launcher=openmpi", "HOSTFILE"], {"node-a": [1]}, r"cannot pick slots \[1\] of node-a"),
+        (["launcher=mpich", "HOSTFILE"], {"node-a": [0, 1], "node-b": [0]}, "runs the same number of processes"),
+    ],
+)
+def test_launcher_mismatches_are_errors_before_launch(hostfile, overrides, slots, expected):
+    cfg = config(*[f"hostfile={hostfile}" if o == "HOSTFILE" else o for o in overrides])
+    with pytest.raises(ConfigError, match=expected):
+        check_launcher(cfg, slots)
+
+
+@pytest.mark.parametrize(
+    ("launcher", "expected"),
+    [
+        ("slurm", "launcher: slurm needs srun on PATH"),
+        ("openmpi", "launcher: openmpi needs ompi_info on PATH; install Open MPI"),
+        ("mpich", "launcher: mpich needs mpichversion on PATH; install MPICH"),
+        ("pdsh", "through pdsh, which is not installed"),
+    ],
+)
+def test_missing_launcher_program_is_named(hostfile, launcher, expected, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match=expected):
+        check_launcher(config(f"launcher={launcher}", f"hostfile={hostfile}"), TWO_NODES)
+
+
+def test_ignored_launcher_keys_are_noted():
+    notes = dict(launch_notes(config("launcher=openmpi", "comment=x", "include=localhost:0")))
+    assert notes == {
+        "comment": "only srun takes --comment; launcher openmpi ignores it",
+        "num_gpus": "include/exclude choose the slots of each host",
+    }
+
+
+def test_config_argument_round_trips():
+    cfg = config("train_iters=7")
+    assert decode_config(encode_config(cfg)).to_json() == cfg.to_json()
+
+
+@pytest.fixture
+def clean_rank_environment(monkeypatch):
+    for name in [*TORCH_VARIABLES, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_NODELIST"]:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_slurm_task_variables_become_torch_variables(clean_rank_environment):
+    clean_rank_environment.setenv("SLURM_PROCID", "5")
+    clean_rank_environment.setenv("SLURM_NTASKS", "8")
+    clean_rank_environment.setenv("SLURM_LOCALID", "1")
+    clean_rank_environment.setenv("SLURM_STEP_NODELIST", "gpu[01-04]")
+    export_rank_environment(config("launcher=slurm", "master_addr=gpu01", "master_port=6000"))
+    assert {name: os.environ[name] for name in TORCH_VARIABLES} == {
+        "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu01", "MASTER_PORT": "6000"}
+
+
+def test_a_process_srun_did_not_start_is_told_how_to_launch(clean_rank_environment):
+    with pytest.raises(ConfigError, match="'SLURM_PROCID' is not set, so srun did not start this process"):
+        export_rank_environment(config("launcher=slurm"))
+
+
+def test_a_process_without_rank_variables_is_told_how_to_launch(clean_rank_environment):
+    with pytest.raises(ConfigError, match="this process has no RANK, WORLD_SIZE, .* start it with python deepy.py"):
+        export_rank_environment(config())

@@ -1,0 +1,22 @@
+"""A rank that raises ends the whole job within seconds, with its error shown, under DeepSpeed's runner.
+
+The other ranks are still working (tests/scripts/rank_check.py): only the
+launcher tearing the job down stops them. The job is launched from a hostfile
+with chosen slots, so the same run checks that path of deepy.py. The failure
+check runs under srun in test_slurm.py and under mpirun in test_mpi.py too.
+"""
+
+from __future__ import annotations
+
+from tests.launch_checks import assert_job_ended_promptly, assert_ranks_joined, run_rank_check
+
+
+def test_failing_rank_ends_a_hostfile_launch_within_seconds(demo_data, tmp_path, monkeypatch):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=3\n")
+    monkeypatch.setenv("FAIL_RANK", "1")
+    result = run_rank_check(demo_data, f"hostfile={hostfile}", "include=localhost:0,2", check=False)
+    assert "--include localhost:0,2 --hostfile" in result.stdout
+    assert "note: num_gpus has no effect here: include/exclude choose the slots" in result.stdout
+    assert_ranks_joined(result, world_size=2)
+    assert_job_ended_promptly(result, failed_rank=1)

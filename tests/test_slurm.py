@@ -1,0 +1,149 @@
+"""launcher: slurm on a real single-node SLURM cluster (munged, slurmctld, slurmd on localhost).
+
+sbatch jobs run tools/slurm/train.sbatch (hostfile from SLURM_JOB_NODELIST,
+srun launch, 2 tasks) to a checkpoint and resume it in a second job; a job
+array runs tools/slurm/preprocess.sbatch; a failing task ends its srun step.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from tests.conftest import REPO, read_metrics
+from tests.distributed import free_port
+from tests.launch_checks import TINY, assert_job_ended_promptly, assert_ranks_joined, run_rank_check
+from tests.slurm_cluster import SlurmCluster
+from tests.system_packages import require_debian_packages
+from tests.test_training_e2e import data_overrides
+
+JOB_TIMEOUT_SECONDS = 600
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    require_debian_packages({"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm", "munged": "munge"})
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def submit_env(slurm, tmp_path_factory) -> dict[str, str]:
+    """The cluster's environment with `python` on PATH running this interpreter, as for a user with the venv active.
+
+    Only `python` is added: the venv's other programs (its ninja differs from the system's) would make
+    DeepSpeed rebuild its compiled ops for every test that runs without them.
+    """
+    bin_dir = tmp_path_factory.mktemp("bin")
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    return dict(slurm.environment(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def sbatch(env: dict[str, str], options: list[str], script: str, *args: str) -> list[str]:
+    """Submit from the repository root and wait for the job (every task of an array); returns their final states.
+
+    Polls twice a second: `sbatch --wait` backs off to tens of seconds between polls.
+    """
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", *options, script, *args], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True)
+        states = re.findall(r"JobState=(\S+)", shown.stdout)
+        if states and FINAL_STATES.issuperset(states):
+            return states
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} did not finish within {JOB_TIMEOUT_SECONDS} s")
+
+
+def train_job(env: dict[str, str], run_dir: Path, demo_data: Path, name: str, *overrides: str) -> str:
+    """One tools/slurm/train.sbatch job with 2 tasks on the (GPU-less) node; returns its output."""
+    output = run_dir / f"{name}.out"
+    result = sbatch(
+        env,
+        ["--gpus-per-node=0", "--ntasks-per-node=2", f"--output={output}"],
+        "tools/slurm/train.sbatch",
+        TINY,
+        *data_overrides(demo_data),
+        f"master_port={free_port()}",
+        f"save={run_dir}/checkpoints",
+        f"log_dir={run_dir}/{name}_logs",
+        *overrides,
+    )
+    text = output.read_text() if output.exists() else ""
+    assert result == ["COMPLETED"], f"job {result}\n{text}"
+    return text
+
+
+def train_iterations(log_dir: Path) -> list[int]:
+    return [r["iteration"] for r in read_metrics(log_dir) if r["split"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def first_job(submit_env, demo_data, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("slurm_training")
+    return run_dir, train_job(submit_env, run_dir, demo_data, "first", "train_iters=6")
+
+
+def test_sbatch_job_trains_two_srun_tasks_to_a_checkpoint(first_job):
+    run_dir, output = first_job
+    assert "launching 2 processes: srun --ntasks=2 --nodes=1 --ntasks-per-node=2" in output
+    assert train_iterations(run_dir / "first_logs") == list(range(1, 7))
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "global_step6"
+    shards = list((checkpoints / "global_step6").glob("zero_pp_rank_*_optim_states.pt"))
+    assert len(shards) == 2, shards  # one ZeRO-1 optimizer shard per task: both trained as one group
+
+
+def test_second_job_resumes_from_the_first_jobs_checkpoint(first_job, submit_env, demo_data):
+    run_dir, _ = first_job
+    output = train_job(submit_env, run_dir, demo_data, "second", "train_iters=10", f"load={run_dir}/checkpoints")
+    assert f"resumed from {run_dir}/checkpoints at iteration 6" in output
+    assert train_iterations(run_dir / "second_logs") == list(range(7, 11))
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step10"
+
+
+def test_preprocess_job_array_tokenizes_one_input_per_task(submit_env, demo_data, tmp_path):
+    documents = (demo_data / "corpus.jsonl").read_text().splitlines()[:40]
+    shards = [documents[:15], documents[15:]]
+    for index, shard in enumerate(shards):
+        (tmp_path / f"part{index}.jsonl").write_text("\n".join(shard) + "\n")
+    (tmp_path / "inputs.txt").write_text("".join(f"{tmp_path}/part{index}.jsonl\n" for index in range(len(shards))))
+    result = sbatch(
+        submit_env,
+        ["--array=0-1", "--cpus-per-task=1", f"--output={tmp_path}/task-%a.out"],
+        "tools/slurm/preprocess.sbatch",
+        f"{tmp_path}/inputs.txt",
+        f"{tmp_path}/out/corpus",
+        "--tokenizer-type", "HFTokenizer", "--vocab-file", f"{demo_data}/tokenizer.json", "--append-eod",
+    )
+    logs = "\n".join(path.read_text() for path in sorted(tmp_path.glob("task-*.out")))
+    assert result == ["COMPLETED", "COMPLETED"], f"array tasks {result}\n{logs}"
+    for index, shard in enumerate(shards):
+        assert len(MMapIndexedDataset(f"{tmp_path}/out/corpus_{index:05d}_text_document")) == len(shard)
+
+
+def test_failing_task_ends_the_srun_step_within_seconds(slurm, demo_data, tmp_path, monkeypatch):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{socket.gethostname()} slots=2\n")
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.setenv("FAIL_RANK", "1")
+    result = run_rank_check(demo_data, "launcher=slurm", f"hostfile={hostfile}", check=False)
+    assert_ranks_joined(result, world_size=2)
+    assert f"master {socket.gethostname()}" in result.stdout  # the first node of SLURM_STEP_NODELIST
+    assert_job_ended_promptly(result, failed_rank=1)
