@@ -136,43 +136,43 @@ def layer_files(step_dir: Path) -> set[str]:
 
 
 def resume_bitwise(demo_data: Path, tmp_path: Path, world_size: int, *overrides: str) -> Path:
-    """Train 6 iterations saving at 3, resume a copy of step 3, and compare iterations 4-6 bitwise; the
-    uninterrupted run's step-3 directory."""
+    """Train 4 iterations saving at 2, resume a copy of step 2, and compare iterations 3-4 bitwise; the
+    uninterrupted run's step-2 directory."""
     run_dir = tmp_path / "uninterrupted"
     uninterrupted = run(world_size, run_dir, demo_data, *overrides, f"save={run_dir}/checkpoints",
-                        "extra_save_iters=[3]", iterations=6)
-    step_3 = run_dir / "checkpoints" / "global_step3"
+                        "extra_save_iters=[2]", iterations=4)
+    step_2 = run_dir / "checkpoints" / "global_step2"
     resumed_dir = tmp_path / "resumed"
-    shutil.copytree(step_3, resumed_dir / "global_step3")
-    (resumed_dir / "latest").write_text("global_step3")
+    shutil.copytree(step_2, resumed_dir / "global_step2")
+    (resumed_dir / "latest").write_text("global_step2")
     resumed = run(world_size, tmp_path, demo_data, *overrides, f"load={resumed_dir}", f"save={resumed_dir}",
-                  iterations=6)
-    assert sorted(resumed.train) == [4, 5, 6]
+                  iterations=4)
+    assert sorted(resumed.train) == [3, 4]
     assert all(resumed.train[i]["lm_loss"] == uninterrupted.train[i]["lm_loss"] for i in resumed.train), [
         (i, resumed.train[i]["lm_loss"], uninterrupted.train[i]["lm_loss"]) for i in resumed.train]
-    return step_3
+    return step_2
 
 
 def test_two_stages_save_deepspeed_per_layer_files_and_resume_bitwise(demo_data, tmp_path):
-    step_3 = resume_bitwise(demo_data, tmp_path, 2, PIPE_2, *DROPOUT)
+    step_2 = resume_bitwise(demo_data, tmp_path, 2, PIPE_2, *DROPOUT)
     # tiny.yml has 2 layers: embedding 0, TokenFormer layers 2-3, final norm 5; the tied output (6) has no file
-    assert layer_files(step_3) == {f"layer_{i:02d}-model_00-model_states.pt" for i in (0, 2, 3, 5)}
-    assert {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"} <= {p.name for p in step_3.iterdir()}
+    assert layer_files(step_2) == {f"layer_{i:02d}-model_00-model_states.pt" for i in (0, 2, 3, 5)}
+    assert {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"} <= {p.name for p in step_2.iterdir()}
     # their keys are the single-stage model's state_dict, renamed as documented in megatron/model/pipeline.py
     args = TokenFormerArgs.from_config(load_config([TINY]), padded_vocab_size=64)
     saved = {model_parameter_name(int(path.name[len("layer_"):][:2]), key, args.num_layers)
-             for path in step_3.glob("layer_*") for key in torch.load(path, weights_only=True)}
+             for path in step_2.glob("layer_*") for key in torch.load(path, weights_only=True)}
     assert saved == set(TokenFormerModel(args, device="meta").state_dict())
 
 
 def test_tensor_2_by_pipe_2_saves_a_file_per_layer_and_tensor_rank_and_resumes_bitwise(demo_data, tmp_path):
-    step_3 = resume_bitwise(demo_data, tmp_path, 4, PIPE_2, "model_parallel_size=2", *DROPOUT)
-    assert layer_files(step_3) == {f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in (0, 2, 3, 5) for t in (0, 1)}
+    step_2 = resume_bitwise(demo_data, tmp_path, 4, PIPE_2, "model_parallel_size=2", *DROPOUT)
+    assert layer_files(step_2) == {f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in (0, 2, 3, 5) for t in (0, 1)}
 
 
 def test_activation_checkpointing_replays_dropout_under_tensor_and_pipe_parallelism(demo_data, tmp_path):
     layout = (PIPE_2, "model_parallel_size=2", *DROPOUT)
-    stored = run(4, tmp_path / "stored", demo_data, *layout, iterations=4)
-    recomputed = run(4, tmp_path / "recomputed", demo_data, *layout, "checkpoint_activations=true", iterations=4)
+    stored = run(4, tmp_path / "stored", demo_data, *layout, iterations=2)
+    recomputed = run(4, tmp_path / "recomputed", demo_data, *layout, "checkpoint_activations=true", iterations=2)
     errors = relative_errors(recomputed.train, stored.train, "lm_loss")
     assert max(errors.values()) < 1e-6, errors
