@@ -40,7 +40,8 @@ def remove_interrupted_saves(save_dir: Path) -> None:
     """Collective: rank 0 deletes what earlier interrupted saves left behind."""
     if is_rank_0() and save_dir.is_dir():
         for leftover in save_dir.glob(f"{STAGING_PREFIX}*"):
-            shutil.rmtree(leftover)
+            if leftover.is_dir():
+                shutil.rmtree(leftover)
     barrier()
 
 
@@ -53,14 +54,14 @@ def reporting_write_failures(save_dir: Path, tag: str) -> Iterator[None]:
         free_mb = shutil.disk_usage(save_dir).free / 2**20 if save_dir.is_dir() else 0.0
         shutil.rmtree(staging_directory(save_dir, tag), ignore_errors=True)
         cause = error
-        while cause.__context__ is not None:  # torch's writer reports a full disk as a later, vaguer error
+        while cause.__context__ is not None:  # the first error of the chain; later ones come from cleaning up
             cause = cause.__context__
         marker = save_dir / LATEST
         previous = marker.read_text(encoding="utf-8").strip() if marker.is_file() else "none"
         raise CheckpointWriteError(
             f"could not save checkpoint {tag} in {save_dir} ({free_mb:.1f} MB free there): "
-            f"{str(cause).strip().splitlines()[0]}. The previous checkpoint ({previous}) is untouched; make room "
-            "or set save to another directory, then resume."
+            f"{(str(cause).strip() or type(cause).__name__).splitlines()[0]}. The previous checkpoint ({previous}) "
+            "is untouched; make room or set save to another directory, then resume."
         ) from error
 
 

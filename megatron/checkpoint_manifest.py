@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST = "manifest.json"
@@ -29,13 +29,20 @@ def checkpoint_files(directory: Path) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def record_file(directory: Path, name: str) -> list[FileRecord]:
     """The file's record, after flushing it to disk (the manifest must not vouch for data still in the page
     cache); a one-item list, for work_split.map_over_ranks."""
     with open(directory / name, "rb") as stream:
         os.fsync(stream.fileno())
-        digest = hashlib.file_digest(stream, "sha256").hexdigest()
-    return [FileRecord(name, (directory / name).stat().st_size, digest)]
+    return [FileRecord(name, (directory / name).stat().st_size, _sha256(directory / name))]
 
 
 def write_durably(path: Path, text: str) -> None:
@@ -83,7 +90,6 @@ def file_problems(directory: Path, record: FileRecord) -> list[str]:
     size = path.stat().st_size
     if size != record.size:
         return [f"{record.name} has {size} bytes, the manifest says {record.size} (truncated or overwritten)"]
-    with open(path, "rb") as stream:
-        if hashlib.file_digest(stream, "sha256").hexdigest() != record.sha256:
-            return [f"{record.name} does not match its SHA-256 in the manifest (corrupted)"]
+    if _sha256(path) != record.sha256:
+        return [f"{record.name} does not match its SHA-256 in the manifest (corrupted)"]
     return []

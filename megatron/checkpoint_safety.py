@@ -39,7 +39,8 @@ def unpickling_problems(directory: Path, name: str) -> list[str]:
     try:
         unexpected = set(torch.serialization.get_unsafe_globals_in_checkpoint(directory / name))
     except (RuntimeError, ValueError, OSError) as error:
-        return [f"{name} is not a readable torch file (truncated or corrupted): {str(error).splitlines()[0]}"]
+        reason = (str(error) or type(error).__name__).splitlines()[0]
+        return [f"{name} is not a readable torch file (truncated or corrupted): {reason}"]
     unexpected -= DEEPSPEED_CHECKPOINT_CLASSES
     if unexpected:
         return [f"{name} refers to {', '.join(sorted(unexpected))}, which loading would run; a checkpoint holds "

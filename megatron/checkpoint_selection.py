@@ -20,7 +20,7 @@ from megatron.checkpoint_safety import CheckpointRefused, unpickling_problems
 from megatron.work_split import is_rank_0, map_over_ranks, same_on_all_ranks
 
 
-def warn(message: str) -> None:
+def _warn(message: str) -> None:
     if is_rank_0():
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
@@ -38,15 +38,23 @@ def _one_file_problems(directory: Path, records: dict[str, FileRecord], name: st
     return (file_problems(directory, records[name]) if name in records else []) or unpickling_problems(directory, name)
 
 
-def checkpoint_problems(directory: Path) -> list[str]:
-    """Collective: why `directory` cannot be resumed from ([] if it can)."""
+def _inventory(directory: Path) -> tuple[dict[str, FileRecord], list[str]] | str:
+    """The manifest's records and the names of all files, or why they cannot be read."""
     if not directory.is_dir():
-        return [f"{directory} does not exist"]
+        return f"{directory} does not exist"
     try:
         records = {record.name: record for record in read_manifest(directory) or ()}
     except ValueError as error:
-        return [str(error)]
-    names = same_on_all_ranks(sorted(set(records) | set(checkpoint_files(directory))))
+        return str(error)
+    return records, sorted(set(records) | set(checkpoint_files(directory)))
+
+
+def checkpoint_problems(directory: Path) -> list[str]:
+    """Collective: why `directory` cannot be resumed from ([] if it can)."""
+    inventory = same_on_all_ranks(_inventory(directory))
+    if isinstance(inventory, str):
+        return [inventory]
+    records, names = inventory
     return map_over_ranks(partial(_one_file_problems, directory, records), names)
 
 
@@ -63,17 +71,17 @@ def resume_tag(load_dir: str | None) -> str | None:
             skipped.append(f"{tag}: {'; '.join(problems)}")
             continue
         if skipped:
-            warn(f"resuming from {tag} in {directory}; skipped:\n  " + "\n  ".join(skipped))
+            _warn(f"resuming from {tag} in {directory}; skipped:\n  " + "\n  ".join(skipped))
         if not (directory / LATEST).is_file():
-            warn(f"{directory} has no `{LATEST}` file; resuming from its newest complete checkpoint, {tag}")
+            _warn(f"{directory} has no `{LATEST}` file; resuming from its newest complete checkpoint, {tag}")
         if read_manifest(directory / tag) is None:
-            warn(f"{directory / tag} has no manifest.json (written by an older version or another tool), "
-                 "so its files could not be verified")
+            _warn(f"{directory / tag} has no manifest.json (written by an older version or another tool), "
+                  "so its files could not be verified")
         return tag
     if candidates:
         raise CheckpointRefused(
             f"load={directory}: no checkpoint there can be resumed from:\n  " + "\n  ".join(skipped)
             + "\nRestore the damaged files, or move these checkpoints away to start from scratch.")
     if skipped:
-        warn(f"no complete checkpoint in {directory}; starting from scratch. Skipped:\n  " + "\n  ".join(skipped))
+        _warn(f"no complete checkpoint in {directory}; starting from scratch. Skipped:\n  " + "\n  ".join(skipped))
     return None

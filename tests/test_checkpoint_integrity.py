@@ -67,6 +67,12 @@ class RunsCode:
         return os.system, (f"touch {self.marker}",)
 
 
+def refusal_message(checkpoints: Path) -> str:
+    with pytest.raises(CheckpointRefused) as refusal:
+        resume_tag(str(checkpoints))
+    return str(refusal.value)
+
+
 def test_intact_checkpoints_verify_and_our_files_load_weights_only(checkpoints):
     for tag in ("global_step2", "global_step4"):
         assert checkpoint_problems(checkpoints / tag) == []
@@ -90,16 +96,18 @@ def test_truncated_shard_is_skipped_with_a_warning_and_training_resumes_from_the
 def test_when_no_checkpoint_is_intact_the_run_stops_naming_each_damaged_file(checkpoints):
     flip_a_byte(checkpoints / "global_step4" / MODEL_FILE)
     truncate(checkpoints / "global_step2" / "rng_state_1.pt")
-    results = run_on_ranks(2, _refusal, checkpoints)
+    results = run_on_ranks(2, refusal_message, checkpoints)
     for message in results:
         assert f"global_step4: {MODEL_FILE} does not match its SHA-256 in the manifest (corrupted)" in message
         assert "global_step2: rng_state_1.pt has" in message and "(truncated or overwritten)" in message
 
 
-def _refusal(checkpoints: Path) -> str:
-    with pytest.raises(CheckpointRefused) as refusal:
-        resume_tag(str(checkpoints))
-    return str(refusal.value)
+def test_unreadable_file_is_refused_by_name_even_without_a_manifest(checkpoints, capsys):
+    (checkpoints / "global_step4" / "manifest.json").unlink()
+    truncate(checkpoints / "global_step4" / OPTIMIZER_SHARD)
+    assert resume_tag(str(checkpoints)) == "global_step2"
+    assert f"global_step4: {OPTIMIZER_SHARD} is not a readable torch file (truncated or corrupted)" in (
+        capsys.readouterr().err)
 
 
 def test_interrupted_save_and_a_missing_latest_are_reported(checkpoints, capsys):

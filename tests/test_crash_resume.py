@@ -41,10 +41,9 @@ LAYOUTS = {
 def overrides(demo_data: Path, run_dir: Path, layout: str) -> list[str]:
     return [f"data_path={demo_data}/demo_text_document", f"vocab_file={demo_data}/tokenizer.json",
             f"train_iters={ITERATIONS}", f"lr_decay_iters={ITERATIONS}", "eval_iters=0", "eval_interval=1000",
-            "train_micro_batch_size_per_gpu=2", "attention_dropout=0.1", "hidden_dropout=0.1", "checkpoint_factor=3",
-            "keep_last_n_checkpoints=2",
-            f"save={run_dir}/checkpoints", f"load={run_dir}/checkpoints", f"log_dir={run_dir}/logs",
-            *LAYOUTS[layout][0]]
+            "train_micro_batch_size_per_gpu=2", "attention_dropout=0.1", "hidden_dropout=0.1",
+            "checkpoint_factor=3", "keep_last_n_checkpoints=2", f"save={run_dir}/checkpoints",
+            f"load={run_dir}/checkpoints", f"log_dir={run_dir}/logs", *LAYOUTS[layout][0]]
 
 
 def train_noting_pid(run_dir: Path, overrides: list[str]) -> None:
