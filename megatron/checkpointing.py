@@ -39,6 +39,10 @@ from megatron.checkpoint_commit import (
 from megatron.checkpoint_safety import load_weights_only, refuse_if_model_differs
 from megatron.checkpoint_selection import resume_tag
 from megatron.config import ConfigError
+from megatron.growth.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, check_supported, optimizer_parameter_names
+from megatron.growth.portable import is_portable
+from megatron.growth.record import write_growth_record
+from megatron.growth.resume import restore_portable_state
 from megatron.rng_state import capture_rng_state, restore_rng_state
 
 
@@ -53,17 +57,22 @@ def should_save(cfg, iteration: int) -> bool:
     return bool(periodic or iteration in (cfg.extra_save_iters or ()) or iteration == cfg.train_iters)
 
 
-def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int) -> Path:
-    """Collective: write `global_stepN` under a temporary name, then publish it (checkpoint_commit.py)."""
+def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_record: dict | None = None) -> Path:
+    """Collective: write `global_stepN` under a temporary name, then publish it (checkpoint_commit.py).
+
+    `growth_record`: the growth.json of a run continuing a grown model (growth/record.py), carried forward."""
     save_dir, tag = Path(cfg.save), checkpoint_tag(iteration)
     remove_interrupted_saves(save_dir)
-    client_state = {"iteration": iteration, "consumed_train_samples": consumed_samples}
+    client_state = {"iteration": iteration, "consumed_train_samples": consumed_samples,
+                    OPTIMIZER_PARAMETER_NAMES: optimizer_parameter_names(engine)}
     staging = staging_directory(save_dir, tag)
     with reporting_write_failures(save_dir, tag):
         engine.save_checkpoint(cfg.save, tag=staging.name, client_state=client_state, save_latest=False)
         torch.save(capture_rng_state(), staging / f"rng_state_{dist.get_rank()}.pt")
         if dist.get_rank() == 0:
             (staging / "config.json").write_text(cfg.to_json(), encoding="utf-8")
+            if growth_record is not None:
+                write_growth_record(staging, growth_record)
         directory = commit(save_dir, tag)
     if cfg.keep_last_n_checkpoints:
         delete_old_checkpoints(save_dir, cfg.keep_last_n_checkpoints, newest=iteration)
@@ -82,17 +91,21 @@ def _check_parallel_layout(directory: Path, cfg) -> None:
         if saved.get(key, default) != getattr(cfg, key):
             raise ConfigError(
                 f"load: {directory} was saved with {key}={saved.get(key, default)} but this run has "
-                f"{key}={getattr(cfg, key)}; resume with {key}={saved.get(key, default)} "
-                "(changing the split of a checkpoint is the re-shard tool's job)"
+                f"{key}={getattr(cfg, key)}; resume with {key}={saved.get(key, default)}, or re-shard it into this "
+                "run's layout with tools/grow_checkpoint.py (the slot counts unchanged)"
             )
 
 
 def load_checkpoint(engine, cfg, load_optimizer: bool = True) -> tuple[int, int]:
-    """Restore the latest checkpoint in `cfg.load`; returns (iteration, consumed samples)."""
+    """Restore the latest checkpoint in `cfg.load`; returns (iteration, consumed samples). One the grow tool
+    wrote holds its optimizer state apart from DeepSpeed's files (growth/portable.py): restored after them."""
     tag = resume_tag(cfg.load)
     if tag is None:
         return 0, 0
+    portable = is_portable(Path(cfg.load) / tag)
     _check_parallel_layout(Path(cfg.load) / tag, cfg)
+    if portable and load_optimizer:
+        check_supported(engine.optimizer)
     refuse_if_model_differs(Path(cfg.load) / tag / f"mp_rank_{mpu.get_tensor_parallel_rank():02d}_model_states.pt",
                             engine.module)
     # no_grad: a pipeline re-broadcasts its tied weight in place while loading (see model/pipeline.py).
@@ -100,7 +113,7 @@ def load_checkpoint(engine, cfg, load_optimizer: bool = True) -> tuple[int, int]
         path, client_state = engine.load_checkpoint(
             cfg.load,
             tag=tag,
-            load_optimizer_states=load_optimizer,
+            load_optimizer_states=load_optimizer and not portable,
             load_lr_scheduler_states=False,
             load_module_strict=True,
         )
@@ -108,6 +121,8 @@ def load_checkpoint(engine, cfg, load_optimizer: bool = True) -> tuple[int, int]
         raise FileNotFoundError(
             f"load: {cfg.load}/latest names {tag!r} but DeepSpeed could not read that checkpoint"
         )
+    if portable and load_optimizer:
+        restore_portable_state(engine, cfg, Path(cfg.load) / tag)
     rng_file = Path(cfg.load) / tag / f"rng_state_{dist.get_rank()}.pt"
     if rng_file.is_file():
         restore_rng_state(load_weights_only(rng_file))

@@ -210,6 +210,10 @@ _TRAINING = (
     Key("max_skipped_steps", int, 10, "training",
         "Stop the run after this many steps in a row with a non-finite loss or gradient norm (each such step is "
         "skipped, never applied). fp16 runs leave the stop to DeepSpeed's loss scaler.", valid_range=AT_LEAST_ONE),
+    Key("freeze_old_param_tokens", bool, False, "training",
+        "After growth, train only the parameter tokens growth appended: every Pattention's tokens from before "
+        "growth (the growth.json of the checkpoint in `load`, or pretrain_partial_init's slot counts) get no "
+        "update from gradients, weight decay or momentum. Embeddings and norms still train."),
 )
 
 _DATA = (
@@ -244,7 +248,10 @@ _CHECKPOINT = (
         "Delete older checkpoints beyond this many; unset keeps all.",
         valid_range=AT_LEAST_ONE),
     Key("pretrain_partial_init", str, None, "checkpoint",
-        "Checkpoint of a smaller model to grow from (TokenFormer scaling)."),
+        "Checkpoint (a `save` directory) of a smaller model to grow from when `load` holds no checkpoint: its "
+        "parameter tokens are grown to this config's slot counts in memory, as tools/grow_checkpoint.py grows "
+        "them (docs/growth.md). Weights and Adam moments carry over; iteration, data position and LR schedule "
+        "start at 0, a new stage as in the official TokenFormer code."),
     Key("eval_ckpt", str, None, "checkpoint",
         "Weights file generate.py and eval.py load instead of `load`: the official release's pytorch_model.bin "
         "or an export (model.safetensors, pytorch_model.bin; docs/inference.md)."),

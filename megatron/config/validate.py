@@ -344,10 +344,10 @@ def _checkpoint_problems(cfg: Config) -> list[str]:
     problems = []
     if cfg.eval_only and (cfg.load is None or not Path(cfg.load).is_dir()):
         problems.append(f"eval_only needs load to be an existing checkpoint directory; load = {cfg.load!r}")
-    if cfg.pretrain_partial_init is not None:
+    if cfg.pretrain_partial_init is not None and not Path(cfg.pretrain_partial_init).is_dir():
         problems.append(
-            f"pretrain_partial_init = {cfg.pretrain_partial_init!r}: growing a smaller model on load is not "
-            "supported in this version; remove the key and load a checkpoint of the same shape"
+            f"pretrain_partial_init = {cfg.pretrain_partial_init!r} is not a directory; point it at the `save` "
+            "directory of the smaller model's run (or one global_stepN directory in it)"
         )
     return problems
 

@@ -9,8 +9,11 @@ import deepspeed
 import torch.distributed as dist
 
 from megatron import mpu
+from megatron.checkpoint_selection import resume_tag
 from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
 from megatron.config import ConfigError, check_run_inputs
+from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
+from megatron.growth.partial_init import grow_into
 from megatron.learning_rates import LRSchedule
 from megatron.metrics import MetricsWriter
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
@@ -40,8 +43,9 @@ class RunState:
     exit_reason: str | None = None
 
 
-def setup_model_and_engine(cfg):
-    """Tokenizer (for the vocabulary size), model, optimizer and the DeepSpeed engine."""
+def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None):
+    """Tokenizer (for the vocabulary size), model, optimizer and the DeepSpeed engine; `frozen_tokens`: the
+    leading parameter tokens of each Pattention kind kept out of training (growth/freezing.py)."""
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
     cfg.padded_vocab_size = pad_vocab_size(
         tokenizer.vocab_size, cfg.make_vocab_size_divisible_by, cfg.model_parallel_size
@@ -54,6 +58,8 @@ def setup_model_and_engine(cfg):
         model = build_pipeline(model_args, topology, lm_loss, cfg.pipe_partition_method)
     else:
         model = TokenFormerModel(model_args)
+    if frozen_tokens:
+        freeze_old_param_tokens(model, frozen_tokens, cfg.precision)
     from deepspeed.accelerator import get_accelerator
 
     optimizer = build_optimizer(model, cfg, get_accelerator().device_name())
@@ -75,7 +81,8 @@ class Trainer:
         self.cfg = cfg
         check_run_inputs(cfg)
         self.layout = initialize_distributed(cfg)
-        self.engine, self.optimizer, self.model_args = setup_model_and_engine(cfg)
+        self.growth = run_growth(cfg)
+        self.engine, self.optimizer, self.model_args = setup_model_and_engine(cfg, self.growth.frozen)
         self.schedule = LRSchedule.from_config(cfg)
         self.metrics = MetricsWriter(cfg, dist.get_rank())
         self.splits = build_datasets(cfg)
@@ -83,12 +90,18 @@ class Trainer:
         self.nonfinite_steps = NonFiniteSteps(self.engine, cfg)
         self.exit_conditions = ExitConditions(cfg, self.engine.device)
         if cfg.load:
-            iteration, consumed = load_checkpoint(self.engine, cfg, load_optimizer=not cfg.eval_only)
+            iteration, consumed = load_checkpoint(
+                self.engine, cfg, load_optimizer=not cfg.eval_only and self.growth.optimizer_state_fits)
+            if not self.growth.optimizer_state_fits:
+                restart_fp32_masters(self.engine)
             self.state.iteration, self.state.consumed_samples = iteration, consumed
             if iteration:
                 print_rank_0(f"resumed from {cfg.load} at iteration {iteration}")
-            elif cfg.eval_only:
+            elif cfg.eval_only and resume_tag(cfg.load) is None:  # (grow_checkpoint.py --reset-iteration writes step 0)
                 raise ConfigError(f"eval_only: no checkpoint found in load={cfg.load!r} (no 'latest' file)")
+        if cfg.pretrain_partial_init and not self.state.iteration and resume_tag(cfg.load) is None:
+            grow_into(self.engine, cfg)
+            print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
         self.flops_per_token = flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations)
 
     def _iterator(self, dataset, consumed: int):
@@ -133,7 +146,7 @@ class Trainer:
             if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
                 self.evaluate()
             if should_save(cfg, state.iteration):
-                save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples)
+                save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples, self.growth.record_to_save())
             if state.iteration < cfg.train_iters and self._stops_early():
                 break
         return state
@@ -146,7 +159,7 @@ class Trainer:
         if state.exit_reason is None:
             return False
         if cfg.save and not should_save(cfg, state.iteration):
-            save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples)
+            save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples, self.growth.record_to_save())
         saved = f"; checkpoint saved in {cfg.save}" if cfg.save else "; no checkpoint (save is not set)"
         print_rank_0(f"exiting after iteration {state.iteration}: {state.exit_reason}{saved}")
         return True

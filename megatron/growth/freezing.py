@@ -1,0 +1,131 @@
+"""What a training run continues from a grown checkpoint: the growth record it carries, the tokens it freezes.
+
+The record is the one of the checkpoint the run resumes from (`load`); when `load` has no checkpoint and
+`pretrain_partial_init` grows a smaller one at the start instead, it is made from that checkpoint's
+config.json slot counts. With `freeze_old_param_tokens` every Pattention's first grown_from[slot key] tokens
+stay fixed (model/frozen_tokens.py), and only the tokens growth appended learn; embeddings and norms train
+as usual.
+
+A frozen run's optimizer holds state for the trainable rows only, so its checkpoints record what was frozen
+(record.py). When the resumed checkpoint's optimizer state was saved with another freeze (a grown checkpoint
+is saved unfrozen), only its weights are loaded: Adam's moments restart at zero, and where the run keeps
+fp32 master weights (bf16) they restart from the loaded bf16 weights, losing what the masters held beyond bf16.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from megatron.checkpoint_selection import resume_tag
+from megatron.config import ConfigError
+from megatron.growth.plan import PATTENTION_SLOT_KEYS, SLOT_KEYS
+from megatron.growth.record import FORMAT, GROWTH_RECORD, old_token_count, read_growth_record
+from megatron.inference.deepspeed_checkpoint import tag_directory
+from megatron.model.frozen_tokens import freeze_leading_tokens
+from megatron.model.pattention import Pattention
+from megatron.work_split import is_rank_0
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bfloat16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RunGrowth:
+    """`record`: the growth record the run continues (None: never grown). `frozen`: the leading tokens per
+    slot key that stay fixed (None: all train). `optimizer_state_fits`: the optimizer state of the checkpoint
+    resumed from `load`, if any, covers exactly the tokens this run trains (it was saved with the same freeze)."""
+
+    record: dict | None = None
+    frozen: dict[str, int] | None = None
+    optimizer_state_fits: bool = True
+
+    def record_to_save(self) -> dict | None:
+        """The record for this run's checkpoints: the one it continues, with this run's freeze."""
+        if self.record is None:
+            return None
+        record = {key: value for key, value in self.record.items() if key != "frozen"}
+        return {**record, "frozen": self.frozen} if self.frozen else record
+
+
+def _partial_init_record(source: str | None) -> dict | None:
+    """A record for a run that grows `source` (pretrain_partial_init) in memory: its saved slot counts."""
+    tag_dir = tag_directory(Path(source)) if source and Path(source).is_dir() else None
+    if tag_dir is None or not (tag_dir / "config.json").is_file():
+        return None
+    saved = json.loads((tag_dir / "config.json").read_text(encoding="utf-8"))
+    return {"format": FORMAT, "grown_from": {key: saved[key] for key in SLOT_KEYS}}
+
+
+def _frozen_counts(cfg, record: dict, where: str) -> dict[str, int]:
+    frozen = {key: old_token_count(record, key) for key in SLOT_KEYS}
+    larger = [f"{key} {frozen[key]} > {getattr(cfg, key)}" for key in SLOT_KEYS if frozen[key] > getattr(cfg, key)]
+    if larger:
+        raise ConfigError(f"freeze_old_param_tokens: the growth record of {where} counts more tokens before "
+                          f"growth than this model has ({', '.join(larger)}); set the slot counts of the grown "
+                          "checkpoint's config.json")
+    if all(frozen[key] == getattr(cfg, key) for key in SLOT_KEYS):
+        raise ConfigError(f"freeze_old_param_tokens: nothing would train: {where} was grown from "
+                          f"{frozen}, which is every token this model has; grow the checkpoint first "
+                          "(tools/grow_checkpoint.py) or set freeze_old_param_tokens: false")
+    return frozen
+
+
+def run_growth(cfg) -> RunGrowth:
+    """Collective. The growth this run continues; ConfigError when freeze_old_param_tokens cannot apply.
+
+    Choosing the resumed checkpoint verifies it (checkpoint_selection.py), which load_checkpoint repeats;
+    a run that neither freezes nor finds a growth record in `load` skips that.
+    """
+    load = Path(cfg.load) if cfg.load else None
+    maybe_grown = load is not None and any(load.glob(f"*/{GROWTH_RECORD}"))
+    tag = resume_tag(cfg.load) if cfg.freeze_old_param_tokens or maybe_grown else None
+    if tag is not None:
+        record, where = read_growth_record(load / tag), f"load = {load / tag}"
+    else:
+        source = cfg.pretrain_partial_init
+        record, where = _partial_init_record(source), f"pretrain_partial_init = {source}"
+    if not cfg.freeze_old_param_tokens:
+        frozen = None
+    elif record is None:
+        raise ConfigError(
+            "freeze_old_param_tokens needs a grown checkpoint in `load` (its growth.json, written by the grow "
+            f"tool) or in `pretrain_partial_init`; load = {cfg.load!r} "
+            f"({'resumes ' + tag + ', which was not grown' if tag else 'has no checkpoint'}), "
+            f"pretrain_partial_init = {cfg.pretrain_partial_init!r}. Point one of them at a grown checkpoint, or "
+            "set freeze_old_param_tokens: false")
+    else:
+        frozen = _frozen_counts(cfg, record, where)
+    resumed_frozen = (record or {}).get("frozen")
+    fits = tag is None or resumed_frozen == frozen
+    if not fits and is_rank_0():
+        print(f"warning: {where} was saved with frozen tokens {resumed_frozen}, this run freezes {frozen}: "
+              "loading its weights only; Adam's moments restart at zero", flush=True)
+    return RunGrowth(record, frozen, fits)
+
+
+def restart_fp32_masters(engine) -> None:
+    """After loading a checkpoint's weights without its optimizer state: DeepSpeed's ZeRO optimizers then
+    copy their fp32 master weights from the loaded ones, but its bf16/fp16 optimizers without ZeRO keep the
+    masters they were built with, which their first step would write back over the loaded weights."""
+    refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
+    if refresh is not None:
+        refresh()
+
+
+def _slot_key(module_name: str) -> str:
+    for suffix, key in PATTENTION_SLOT_KEYS.items():
+        if module_name == suffix or module_name.endswith("." + suffix):
+            return key
+    raise ValueError(f"Pattention {module_name!r} has no slot key in growth/plan.py PATTENTION_SLOT_KEYS")
+
+
+def freeze_old_param_tokens(model: nn.Module, frozen: dict[str, int], precision: str) -> None:
+    """Freeze each Pattention's first frozen[slot key] tokens in `model` (a TokenFormerModel or a pipeline
+    stage), in the run's `precision` (cfg.precision), before its optimizer is built."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Pattention):
+            freeze_leading_tokens(module, frozen[_slot_key(name)], PRECISION_DTYPES[precision])

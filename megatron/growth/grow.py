@@ -1,0 +1,83 @@
+"""Grow one parameter's training state, whole, as the plan says (TokenFormer §3.3, docs/growth.md).
+
+For each Pattention with n → n' tokens:
+  key tokens    the n old rows bit-exact, then n' − n zero rows: a zero key scores 0 for every input,
+                which adds nothing to the L2 norm of Θ and gets weight GeLU(0) = 0, so the grown layer
+                computes the same function;
+  value tokens  the old rows, then rows n..n' of the value init a fresh model of the target size would
+                draw (init_methods.initial_value: same seed, same full shape, whatever the layout), or
+                zeros with `zero_new_values`. A zero key's gradient is proportional to its value, so
+                zero keys with zero values would never learn;
+  Adam moments  the old rows, then zeros: training continues as if the model had always been larger;
+  n of √n       (`norm_token_count`) stays the old n, which keeps the normalisation, hence the function.
+Shrinking (n' < n) keeps the first n' rows and normalises with min(n, n'): lossy, except that it undoes an
+untrained growth exactly. Every other entry passes unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+from torch import Tensor
+
+from megatron.growth.parameter_state import ParameterState
+from megatron.growth.plan import GrowthPlan, pattention_entry
+from megatron.model.init_methods import initial_value
+
+
+def _resized(rows: Tensor, count: int, new_rows: Callable[[], Tensor] | None = None) -> Tensor:
+    """The first `count` rows of `rows`, or all of them followed by `new_rows()` (zeros when None), written
+    once into the new tensor (memory bandwidth dominates growing a large checkpoint)."""
+    old = rows.shape[0]
+    if count <= old:
+        return rows if count == old else rows[:count].clone()
+    grown = rows.new_empty(count, *rows.shape[1:])
+    grown[:old] = rows
+    if new_rows is None:
+        grown[old:].zero_()
+    else:
+        grown[old:] = new_rows()
+    return grown
+
+
+def grown_state(name: str, state: ParameterState, plan: GrowthPlan) -> ParameterState:
+    """`state` of TokenFormerModel entry `name`, grown (or shrunk) to the target model's shape."""
+    expected = plan.source_shape(name)
+    if tuple(state.weight.shape) != expected:
+        raise ValueError(f"{name}: the source checkpoint holds shape {tuple(state.weight.shape)}, but its "
+                         f"config.json describes {expected}; the checkpoint does not match its config")
+    entry = pattention_entry(name)
+    if entry is None:
+        return state
+    slot_key, leaf = entry
+    count = plan.new_tokens[slot_key]
+    if leaf == "norm_token_count":
+        return ParameterState(torch.clamp(state.weight, max=count))
+    old, width = state.weight.shape
+    if leaf == "key_param_tokens" or plan.zero_new_values:
+        weight = _resized(state.weight, count)
+    else:  # rows old.. of the init a fresh model of the target size draws
+        weight = _resized(state.weight, count, lambda: initial_value(
+            name, (count, width), plan.roles[name], plan.target.seed, plan.model_args)[old:])
+    if not state.has_moments:
+        return ParameterState(weight)
+    return ParameterState(weight, _resized(state.exp_avg, count), _resized(state.exp_avg_sq, count))
+
+
+def check_entries(names: Iterable[str], plan: GrowthPlan) -> None:
+    """The source checkpoint must hold exactly the entries of the model its config describes."""
+    names = set(names)
+    missing, unexpected = sorted(set(plan.target_shapes) - names), sorted(names - set(plan.target_shapes))
+    if missing or unexpected:
+        raise ValueError(f"the source checkpoint's entries do not match the model its config describes: missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def grown_states(names: Iterable[str], state: Callable[[str], ParameterState],
+                 plan: GrowthPlan) -> Iterator[tuple[str, ParameterState]]:
+    """(name, grown state) for every entry, reading the source's `state(name)` one at a time."""
+    names = list(names)
+    check_entries(names, plan)
+    for name in names:
+        yield name, grown_state(name, state(name), plan)

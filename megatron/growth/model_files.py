@@ -1,0 +1,67 @@
+"""The weights in a checkpoint's DeepSpeed model files, one entry of one tensor rank at a time.
+
+    mp_rank_XX_model_states.pt           without a pipeline: tensor rank XX's state dict under 'module';
+                                         with one: no weights (XX = stage · model_parallel_size + tensor rank)
+    layer_II-model_XX-model_states.pt    with a pipeline: layer II's entries (model/pipeline.py's numbering)
+                                         of tensor rank XX
+
+Every file is memory-mapped: opening it reads its pickled structure, an entry's data is read from disk when
+it is used, and nothing stays in memory but what the caller keeps.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from megatron.checkpoint_safety import DEEPSPEED_CHECKPOINT_CLASSES
+from megatron.inference.deepspeed_checkpoint import _LAYER_FILE, _MODEL_FILE, _check_ranks, _files_by_rank
+from megatron.model.pipeline import model_parameter_name
+
+
+@cache
+def _deepspeed_classes() -> list[type]:
+    """The DeepSpeed classes ZeRO shards pickle, which a weights-only load may rebuild (but not run)."""
+    modules = (name.rpartition(".") for name in sorted(DEEPSPEED_CHECKPOINT_CLASSES))
+    return [getattr(importlib.import_module(module), name) for module, _, name in modules]
+
+
+def load_file(path: Path) -> Any:
+    """A checkpoint file, memory-mapped, unpickling nothing but tensors, containers and DeepSpeed's classes."""
+    with torch.serialization.safe_globals(_deepspeed_classes()):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+class ModelFiles:
+    """Where each TokenFormerModel entry of each tensor rank is, and the header (mp_rank) files."""
+
+    def __init__(self, tag_dir: Path, num_layers: int) -> None:
+        headers = _files_by_rank(tag_dir, _MODEL_FILE)
+        if not headers:
+            raise FileNotFoundError(f"{tag_dir} holds no mp_rank_XX_model_states.pt: it is not a checkpoint")
+        _check_ranks(tag_dir, [rank for (rank,) in headers])
+        self.headers = [load_file(headers[(rank,)]) for rank in range(len(headers))]
+        self._entries: dict[str, dict[int, Tensor]] = {}
+        layer_files = _files_by_rank(tag_dir, _LAYER_FILE)
+        if layer_files:
+            self.tensor_ranks = _check_ranks(tag_dir, [rank for _, rank in layer_files])
+            for (layer, rank), path in sorted(layer_files.items()):
+                for key, tensor in load_file(path).items():
+                    self._entries.setdefault(model_parameter_name(layer, key, num_layers), {})[rank] = tensor
+        else:
+            self.tensor_ranks = len(self.headers)
+            for rank, header in enumerate(self.headers):
+                for name, tensor in (header.get("module") or {}).items():
+                    self._entries.setdefault(name, {})[rank] = tensor
+
+    def names(self) -> set[str]:
+        return set(self._entries)
+
+    def block(self, name: str, tensor_rank: int) -> Tensor:
+        """Tensor rank `tensor_rank`'s block of entry `name` as saved (a view of the mapped file)."""
+        return self._entries[name][tensor_rank]

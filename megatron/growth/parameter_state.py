@@ -1,0 +1,34 @@
+"""The unit growth and re-sharding work in: one parameter's training state, as whole tensors.
+
+A checkpoint of any layout (tensor ranks, pipeline stages, ZeRO partitions over data-parallel ranks,
+fp32 or bf16 with fp32 master weights) is read as `ParameterState`s under TokenFormerModel's names;
+growth maps each one to its larger self; a writer cuts them into the target layout. Going through whole
+parameters one at a time keeps memory near the largest parameter, not the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class ParameterState:
+    """One parameter (or a block of it), fp32.
+
+    `weight` is the value training continues from: the fp32 master copy where the run kept one (bf16,
+    fp16), else the module's own weight. `exp_avg` / `exp_avg_sq` are Adam's moments, None when the
+    checkpoint holds no optimizer state for it (weights-only checkpoints, frozen parameters, buffers).
+    """
+
+    weight: Tensor
+    exp_avg: Tensor | None = None
+    exp_avg_sq: Tensor | None = None
+
+    @property
+    def has_moments(self) -> bool:
+        return self.exp_avg is not None and self.exp_avg_sq is not None
+
+    def without_moments(self) -> ParameterState:
+        return replace(self, exp_avg=None, exp_avg_sq=None)

@@ -1,0 +1,55 @@
+"""`pretrain_partial_init`: start a run from a smaller model's checkpoint, grown in memory (docs/growth.md).
+
+When `load` holds no checkpoint, every rank opens the newest checkpoint in `pretrain_partial_init`, grows
+each entry of its own model part with the plan and functions tools/grow_checkpoint.py uses, and keeps this
+tensor rank's block: into the module go the weights and buffers (the Pattentions' stored token counts),
+into the optimizer the fp32 masters, Adam's moments and step (apply.py). As in the official TokenFormer
+code this starts a new stage: iteration, consumed samples, and so the LR schedule and data position, start
+at 0; the source's iteration is not carried over.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from megatron import mpu
+from megatron.growth.apply import load_parameter_states
+from megatron.growth.grow import check_entries, grown_state
+from megatron.growth.names import module_model_names, tokenformer_name
+from megatron.growth.parameter_state import ParameterState
+from megatron.growth.plan import plan_growth
+from megatron.growth.source import open_checkpoint
+from megatron.inference.tensor_parallel_layout import split_dimensions
+
+
+def grow_into(engine, cfg) -> None:
+    """Collective: `cfg.pretrain_partial_init`'s newest checkpoint, grown to `cfg`'s model, into `engine`."""
+    source = open_checkpoint(cfg.pretrain_partial_init)
+    plan = plan_growth(source.config, cfg)
+    check_entries(source.names(), plan)
+    pipelined = cfg.pipe_parallel_size >= 1
+    dims = split_dimensions(plan.model_args)
+    rank, ranks = mpu.get_tensor_parallel_rank(), mpu.get_tensor_parallel_world_size()
+
+    def own_block(name: str, state: ParameterState) -> ParameterState:
+        if dims[name] is None:
+            return state
+        return ParameterState(*(None if tensor is None else tensor.chunk(ranks, dims[name])[rank].clone()
+                                for tensor in (state.weight, state.exp_avg, state.exp_avg_sq)))
+
+    module = engine.module
+    entries = {entry: tokenformer_name(entry, cfg.num_layers, pipelined) for entry in module.state_dict()}
+    blocks = {name: own_block(name, grown_state(name, source.state(name), plan)) for name in set(entries.values())}
+    with torch.no_grad():
+        module.load_state_dict({entry: blocks[name].weight for entry, name in entries.items()})
+
+    def parameter_block(name: str, parameter: Tensor) -> ParameterState:
+        # Under freeze_old_param_tokens a Pattention's parameter holds its block's trailing rows only, the
+        # tokens it trains (model/frozen_tokens.py); the frozen rows went into the module above.
+        block, rows = blocks[name], parameter.shape[0]
+        return block if rows == block.weight.shape[0] else ParameterState(
+            *(None if tensor is None else tensor[-rows:] for tensor in (block.weight, block.exp_avg, block.exp_avg_sq)))
+
+    load_parameter_states(engine, parameter_block, source.optimizer_step,
+                          module_model_names(module, cfg.num_layers, pipelined))

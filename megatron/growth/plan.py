@@ -1,0 +1,178 @@
+"""The growth plan: how many parameter tokens each kind of Pattention has before and after, checked first.
+
+Growth (TokenFormer §3.3) appends parameter tokens to Pattention layers; re-sharding cuts the model into
+another tensor/pipeline layout; one run of the tool may do both. Neither can change anything else that
+shapes the weights or defines the function the model computes, so the source checkpoint's config and the
+target config must agree on every such key. Every problem (a differing key, an unannounced shrink, a
+token count the target's tensor ranks cannot split, growth under softmax) is reported in one ConfigError
+before any tensor is read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+from megatron.config import Config, ConfigError
+from megatron.config.validate import raise_if_any
+from megatron.growth.record import FORMAT as RECORD_FORMAT
+from megatron.inference.loading import ARCHITECTURE_KEYS
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.init_methods import InitRole, parameter_roles
+from megatron.mpu import full_shape
+from megatron.tokenizer import build_tokenizer, pad_vocab_size
+
+SLOT_KEYS = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num")
+
+# The config key setting the token count of each Pattention, by its module name inside a layer
+# (attention.py, layer.py).
+PATTENTION_SLOT_KEYS = {
+    "attention.query": "qkv_slot_num",
+    "attention.key": "qkv_slot_num",
+    "attention.value": "qkv_slot_num",
+    "attention.proj": "proj_slot_num",
+    "mlp": "ffn_slot_num",
+}
+_PATTENTION_ENTRY = re.compile(r"^layers\.\d+\.(?P<module>.+)\.(?P<leaf>key_param_tokens|value_param_tokens|"
+                               r"norm_token_count)$")
+
+SOFTMAX_GROWTH = (
+    "norm_activation_type softmax cannot grow: a new parameter token with a zero key scores 0 for every "
+    "input, and softmax gives it weight exp(0) in the normaliser, so it takes probability mass from the old "
+    "tokens and the grown model computes another function (no key is zero for every input, so no choice of "
+    "new keys avoids it). The l2 variants (l2_norm_gelu, gelu_l2_norm) grow exactly: a zero score adds 0 to "
+    "the L2 norm and GeLU(0) = 0. Keep the slot counts to re-shard only"
+)
+
+
+def padded_vocabulary(config: Config) -> int:
+    """The embedding's row count: the config's `padded_vocab_size` when a run has set it (a checkpoint's
+    config.json), else the tokenizer's vocabulary padded for the config's model_parallel_size, as a run pads it."""
+    if config.padded_vocab_size is not None:
+        return config.padded_vocab_size
+    tokenizer = build_tokenizer(config.tokenizer_type, config.vocab_file, config.merge_file)
+    return pad_vocab_size(tokenizer.vocab_size, config.make_vocab_size_divisible_by, config.model_parallel_size)
+
+
+def pattention_entry(name: str) -> tuple[str, str] | None:
+    """(slot key, leaf) of a Pattention's state-dict entry, e.g. ("ffn_slot_num", "key_param_tokens") for
+    layers.3.mlp.key_param_tokens; None for every other entry."""
+    match = _PATTENTION_ENTRY.match(name)
+    if match is None or match["module"] not in PATTENTION_SLOT_KEYS:
+        return None
+    return PATTENTION_SLOT_KEYS[match["module"]], match["leaf"]
+
+
+@dataclass(frozen=True)
+class GrowthPlan:
+    """Old and new token counts, the target config (new slot counts, padded vocabulary set) and what the
+    target model's entries look like: full shapes (as one rank holds them with tensor parallelism 1) and
+    init roles, for the new value tokens' initialisation."""
+
+    source: Config
+    target: Config
+    old_tokens: dict[str, int]
+    new_tokens: dict[str, int]
+    target_shapes: dict[str, tuple[int, ...]]
+    roles: dict[str, InitRole]
+    zero_new_values: bool = False
+
+    @cached_property
+    def model_args(self) -> TokenFormerArgs:
+        return TokenFormerArgs.from_config(self.target)
+
+    @property
+    def grows(self) -> bool:
+        return any(self.new_tokens[key] > self.old_tokens[key] for key in SLOT_KEYS)
+
+    @property
+    def shrinks(self) -> bool:
+        return any(self.new_tokens[key] < self.old_tokens[key] for key in SLOT_KEYS)
+
+    def source_shape(self, name: str) -> tuple[int, ...]:
+        """The shape the source checkpoint's config gives entry `name`."""
+        shape = self.target_shapes[name]
+        entry = pattention_entry(name)
+        if entry is None or entry[1] == "norm_token_count":
+            return shape
+        return (self.old_tokens[entry[0]], *shape[1:])
+
+    def growth_record(self, source_record: dict | None) -> dict | None:
+        """The grown checkpoint's growth.json (record.py): each kind's token count before this growth (all of
+        its tokens where it did not grow, those of an earlier growth where the source was grown before); None
+        when neither grew. `frozen` describes the source run's optimizer state, not the output's: dropped."""
+        earlier = (source_record or {}).get("grown_from", {})
+        grew = [key for key in SLOT_KEYS if self.new_tokens[key] > self.old_tokens[key]]
+        if not grew and not earlier:
+            return None
+        grown_from = {key: self.old_tokens[key] if key in grew else
+                      min(earlier.get(key, self.old_tokens[key]), self.new_tokens[key]) for key in SLOT_KEYS}
+        kept = {key: value for key, value in (source_record or {}).items() if key != "frozen"}
+        return {**kept, "format": RECORD_FORMAT, "grown_from": grown_from}
+
+    def summary(self) -> list[str]:
+        """One line per slot key, e.g. 'ffn_slot_num 256 -> 512'."""
+        return [f"{key} {self.old_tokens[key]} -> {self.new_tokens[key]}" for key in SLOT_KEYS]
+
+
+def _fixed_keys(source: Config) -> list[str]:
+    keys = [key for key in ARCHITECTURE_KEYS if key not in SLOT_KEYS]
+    return keys + (["max_position_embeddings"] if source.pos_emb == "learned" else [])
+
+
+def _differences(source: Config, target: Config, source_vocab: int, target_vocab: int) -> list[str]:
+    different = [f"{key} (source {getattr(source, key)!r}, target {getattr(target, key)!r})"
+                 for key in _fixed_keys(source) if getattr(source, key) != getattr(target, key)]
+    if source_vocab != target_vocab:
+        different.append(
+            f"padded vocabulary (source {source_vocab}, target {target_vocab} = the tokenizer's vocabulary "
+            f"rounded up to a multiple of make_vocab_size_divisible_by {target.make_vocab_size_divisible_by} × "
+            f"model_parallel_size {target.model_parallel_size}; choose a make_vocab_size_divisible_by that "
+            f"keeps it {source_vocab}, and the source's tokenizer)")
+    if not different:
+        return []
+    return ["the target config differs from the source checkpoint's in what growth cannot change: "
+            + "; ".join(different) + ". Only qkv_slot_num, proj_slot_num, ffn_slot_num and the parallel layout "
+            "may change: set the other keys as in the source's config.json"]
+
+
+def _token_count_problems(old: Mapping[str, int], new: Mapping[str, int], target: Config,
+                          allow_shrink: bool) -> list[str]:
+    problems = []
+    tp = target.model_parallel_size
+    for key in SLOT_KEYS:
+        if new[key] < old[key] and not allow_shrink:
+            problems.append(f"{key} {old[key]} -> {new[key]} shrinks the model; pass --allow-shrink to drop the "
+                            f"last {old[key] - new[key]} tokens of each such Pattention (lossy: the model changes)")
+        if new[key] % tp:
+            lower, higher = new[key] // tp * tp, -(-new[key] // tp) * tp
+            choices = f"{lower} or {higher}" if lower else f"{higher}"
+            problems.append(f"{key} {new[key]} is not divisible by the target's model_parallel_size {tp}, which "
+                            f"splits each Pattention's tokens evenly: use a multiple of {tp}, e.g. {choices}")
+    if target.norm_activation_type == "softmax" and any(new[key] > old[key] for key in SLOT_KEYS):
+        problems.append(SOFTMAX_GROWTH)
+    return problems
+
+
+def plan_growth(source: Config, target: Config, slot_overrides: Mapping[str, int | None] | None = None, *,
+                allow_shrink: bool = False, zero_new_values: bool = False) -> GrowthPlan:
+    """The plan growing a checkpoint saved with `source` into the model `target` describes, with
+    `slot_overrides` (e.g. {"ffn_slot_num": 512}; None entries ignored) taking precedence over its slot counts.
+
+    Raises one ConfigError naming every problem.
+    """
+    overrides = {key: value for key, value in (slot_overrides or {}).items() if value is not None}
+    unknown = sorted(set(overrides) - set(SLOT_KEYS))
+    if unknown:
+        raise ConfigError(f"slot overrides {unknown} are not slot counts; use {', '.join(SLOT_KEYS)}")
+    old = {key: getattr(source, key) for key in SLOT_KEYS}
+    new = {key: overrides.get(key, getattr(target, key)) for key in SLOT_KEYS}
+    source_vocab, target_vocab = padded_vocabulary(source), padded_vocabulary(target)
+    raise_if_any(_differences(source, target, source_vocab, target_vocab)
+                 + _token_count_problems(old, new, target, allow_shrink))
+    final = Config.from_dict({**target.to_dict(), **new, "padded_vocab_size": target_vocab})
+    model = TokenFormerModel(TokenFormerArgs.from_config(final), device="meta")
+    shapes = {name: full_shape(tensor) for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
+    return GrowthPlan(source, final, old, new, shapes, parameter_roles(model), zero_new_values)

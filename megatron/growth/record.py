@@ -1,0 +1,74 @@
+"""The growth record: `growth.json` in a checkpoint's tag directory, saying what growth made of the model.
+
+    {"format": 1,
+     "grown_from": {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256},
+     "frozen": {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256}}
+
+`grown_from` is each kind of Pattention's token count before the last growth. Growth appends tokens, so
+those are a Pattention's leading tokens, the ones `freeze_old_param_tokens` keeps fixed. `frozen`, present
+only in checkpoints saved by a run that froze tokens, is what that run froze: its optimizer state covers
+only the other tokens. The grow tool writes the record; training carries it into every checkpoint it saves,
+so a frozen run resumes frozen and a later growth knows the model's history. Other keys are kept as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+GROWTH_RECORD = "growth.json"
+FORMAT = 1
+
+
+class GrowthRecordError(ValueError):
+    """A growth record that cannot be used, named with what is wrong."""
+
+
+def _counts_problem(record: dict, key: str) -> str | None:
+    counts = record.get(key)
+    if key == "frozen" and counts is None:
+        return None
+    if not isinstance(counts, dict) or not counts or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts.values()):
+        return f"{key!r} must map slot keys (e.g. ffn_slot_num) to positive token counts, got {counts!r}"
+    return None
+
+
+def _check(record: Any, where: str) -> dict:
+    if not isinstance(record, dict):
+        raise GrowthRecordError(f"{where}: a growth record is a JSON object, got {type(record).__name__}")
+    problems = [] if record.get("format") == FORMAT else [f"'format' must be {FORMAT}, got {record.get('format')!r}"]
+    problems += [problem for key in ("grown_from", "frozen") if (problem := _counts_problem(record, key))]
+    if problems:
+        raise GrowthRecordError(f"{where}: {'; '.join(problems)}. Restore the file the grow tool wrote, or "
+                                f"remove it if the checkpoint was not grown")
+    return record
+
+
+def write_growth_record(tag_dir: Path, record: dict) -> None:
+    """Write `record` (checked first) as `tag_dir`/growth.json."""
+    path = Path(tag_dir) / GROWTH_RECORD
+    _check(record, f"growth record for {path}")
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_growth_record(tag_dir: Path) -> dict | None:
+    """The record in `tag_dir`, or None for a checkpoint that was not grown; GrowthRecordError if malformed."""
+    path = Path(tag_dir) / GROWTH_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise GrowthRecordError(f"{path} is not valid JSON ({error}). Restore the file the grow tool wrote, or "
+                                "remove it if the checkpoint was not grown") from None
+    return _check(record, str(path))
+
+
+def old_token_count(record: dict, slot_key: str) -> int:
+    """How many tokens the Pattentions whose count `slot_key` sets (e.g. "ffn_slot_num") had before growth."""
+    if slot_key not in record["grown_from"]:
+        raise GrowthRecordError(f"the growth record has no count for {slot_key} (it has "
+                                f"{sorted(record['grown_from'])}); the grow tool records every slot key")
+    return record["grown_from"][slot_key]

@@ -1,0 +1,23 @@
+"""Resume training from a checkpoint the grow tool wrote (portable.py), with nothing to set but `load`.
+
+checkpointing.load_checkpoint has DeepSpeed load its model files (the weights, into the module) without
+optimizer state; this then puts in the exact fp32 masters, Adam's moments and step count from the
+layout-independent files, whatever ZeRO stage, precision and data-parallel size the run has.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from megatron import mpu
+from megatron.growth.apply import load_parameter_states
+from megatron.growth.names import module_model_names
+from megatron.growth.source import read_checkpoint
+
+
+def restore_portable_state(engine, cfg, tag_dir: Path) -> None:
+    """This rank's blocks of the verified checkpoint in `tag_dir`, saved in `cfg`'s layout, into `engine`."""
+    source = read_checkpoint(tag_dir)
+    rank = mpu.get_tensor_parallel_rank()
+    names = module_model_names(engine.module, cfg.num_layers, cfg.pipe_parallel_size >= 1)
+    load_parameter_states(engine, lambda name, _: source.block(name, rank), source.optimizer_step, names)

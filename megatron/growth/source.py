@@ -1,0 +1,164 @@
+"""Read a checkpoint's full training state, whatever layout wrote it, one TokenFormerModel entry at a time.
+
+    source = open_checkpoint("runs/150M/checkpoints")        # `latest`, or tag="global_step300"
+    for name in source.names():
+        state = source.state(name)    # ParameterState: whole fp32 weight (the master where the run kept
+                                      # one), Adam's moments (None without optimizer state); buffers as stored
+
+Any checkpoint our Trainer writes (fp32/bf16/fp16, ZeRO stage 0/1/2, any tensor, pipeline and data-parallel
+size; model_files.py, deepspeed_optimizer.py) or the grow tool writes (portable.py). Files are memory-mapped
+and each call reads just the entry asked for, so memory stays near one parameter. A run that froze a
+Pattention's leading tokens (freeze_old_param_tokens) optimized only the trailing rows: the frozen rows read
+with zero moments (names.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from megatron.checkpoint_selection import checkpoint_problems
+from megatron.config import Config
+from megatron.growth.deepspeed_optimizer import deepspeed_optimizer_state
+from megatron.growth.model_files import ModelFiles
+from megatron.growth.names import tokenformer_name
+from megatron.growth.parameter_state import ParameterState
+from megatron.growth.portable import PortableMoments, is_portable
+from megatron.inference.deepspeed_checkpoint import tag_directory
+from megatron.inference.loading import inference_args
+from megatron.inference.tensor_parallel_layout import split_dimensions
+from megatron.model import TokenFormerModel
+
+
+class CheckpointUnreadable(ValueError):
+    """A source checkpoint that cannot be read: missing, incomplete, corrupted or not describing itself."""
+
+
+def _with_trailing(base: Tensor, flat: Tensor, what: str) -> Tensor:
+    """`base` with its last flat.numel() values (its trailing rows) replaced by `flat` (a fresh tensor)."""
+    if flat.numel() > base.numel():
+        raise CheckpointUnreadable(f"{what}: the optimizer holds {flat.numel()} values for a block of "
+                                   f"{base.numel()}; the checkpoint's files do not belong together")
+    if flat.numel() == base.numel():
+        return flat.view_as(base)
+    out = base.clone()
+    out.view(-1)[base.numel() - flat.numel():] = flat
+    return out
+
+
+class _DeepSpeedMoments:
+    """DeepSpeed's optimizer state, addressed by TokenFormerModel name and tensor rank."""
+
+    def __init__(self, tag_dir: Path, files: ModelFiles, config: Config) -> None:
+        self._state = deepspeed_optimizer_state(tag_dir, files.headers)
+        self.step = None if self._state is None else self._state.step
+        self._where: dict[tuple[str, int], tuple[int, str]] = {}
+        pipelined, tensor_ranks = config.pipe_parallel_size >= 1, config.model_parallel_size
+        for mp_rank, module_name in sorted(self._state.names() if self._state else ()):
+            key = (tokenformer_name(module_name, config.num_layers, pipelined), mp_rank % tensor_ranks)
+            self._where.setdefault(key, (mp_rank, module_name))  # a tied weight: the first stage's copy
+
+    def with_moments(self, name: str, tensor_rank: int, weight: Tensor) -> ParameterState:
+        if (name, tensor_rank) not in self._where:
+            return ParameterState(weight)
+        flat = self._state.get(*self._where[(name, tensor_rank)])
+        what = f"{name} of tensor rank {tensor_rank}"
+        if flat.master is not None:
+            weight = _with_trailing(weight, flat.master, what)
+        if flat.exp_avg is None:
+            return ParameterState(weight)
+        zeros = torch.zeros_like(weight)
+        return ParameterState(weight, _with_trailing(zeros, flat.exp_avg, what),
+                              _with_trailing(zeros, flat.exp_avg_sq, what))
+
+
+class SourceCheckpoint:
+    """One checkpoint's training state (see the module docstring); `iteration`, `consumed_train_samples` and
+    `optimizer_step` (Adam's step count, None without optimizer state) continue the run."""
+
+    def __init__(self, tag_dir: Path, config: Config) -> None:
+        self.tag_dir, self.config = Path(tag_dir), config
+        self._files = ModelFiles(self.tag_dir, config.num_layers)
+        if self._files.tensor_ranks != config.model_parallel_size:
+            raise CheckpointUnreadable(f"{tag_dir} holds {self._files.tensor_ranks} tensor ranks' files but its "
+                                       f"config.json says model_parallel_size={config.model_parallel_size}")
+        if "word_embeddings.weight" not in self._files.names():
+            raise CheckpointUnreadable(f"{tag_dir} has no word_embeddings.weight: it is not a TokenFormer checkpoint")
+        vocab = self._files.block("word_embeddings.weight", 0).shape[0] * config.model_parallel_size
+        args = inference_args(config, vocab)
+        self._dims = split_dimensions(args)
+        self._names = list(TokenFormerModel(args, device="meta").state_dict())
+        missing = sorted(set(self._names) - self._files.names())
+        if missing:
+            raise CheckpointUnreadable(f"{tag_dir} has no weights for {missing[:5]}: its config.json does not "
+                                       "describe it")
+        header = self._files.headers[0]
+        self.iteration, self.consumed_train_samples = header["iteration"], header["consumed_train_samples"]
+        self._moments = (PortableMoments(self.tag_dir) if is_portable(self.tag_dir)
+                         else _DeepSpeedMoments(self.tag_dir, self._files, config))
+        self.optimizer_step: int | None = self._moments.step
+
+    def names(self) -> list[str]:
+        """Every TokenFormerModel state-dict entry (parameters and buffers), in the model's order."""
+        return list(self._names)
+
+    def block(self, name: str, tensor_rank: int) -> ParameterState:
+        """Tensor rank `tensor_rank`'s block of entry `name`, as this checkpoint's layout splits it."""
+        saved = self._files.block(name, tensor_rank)
+        weight = saved.float() if saved.is_floating_point() else saved
+        return self._moments.with_moments(name, tensor_rank, weight.clone() if weight is saved else weight)
+
+    def state(self, name: str) -> ParameterState:
+        """Entry `name`, whole: the tensor ranks' blocks joined."""
+        dim = self._dims[name]
+        if dim is None:
+            return self.block(name, 0)
+        blocks = [self.block(name, rank) for rank in range(self.config.model_parallel_size)]
+        weight = torch.cat([block.weight for block in blocks], dim=dim)
+        if not any(block.has_moments for block in blocks):
+            return ParameterState(weight)
+        moments = [torch.cat([getattr(block, key) if block.has_moments else torch.zeros_like(block.weight)
+                              for block in blocks], dim=dim) for key in ("exp_avg", "exp_avg_sq")]
+        return ParameterState(weight, *moments)
+
+
+def _tag_directory(path: Path, tag: str | None) -> Path:
+    if not path.is_dir():
+        raise CheckpointUnreadable(f"{path} is not a directory: pass a checkpoint directory (with `latest`) or "
+                                   "one of its global_stepN directories")
+    if tag is not None:
+        if not (path / tag).is_dir():
+            tags = sorted(p.name for p in path.glob("global_step*") if p.is_dir())
+            raise CheckpointUnreadable(f"{path} has no checkpoint {tag!r} (it has {tags or 'none'}); pass one "
+                                       "of those, or leave the tag out for the one `latest` names")
+        return path / tag
+    try:
+        tag_dir = tag_directory(path)
+    except FileNotFoundError as error:
+        raise CheckpointUnreadable(f"{error}; pass the tag of an existing checkpoint") from None
+    if tag_dir is None:
+        raise CheckpointUnreadable(f"{path} holds neither a `latest` file nor a checkpoint's model files; pass "
+                                   "the checkpoint directory (the run's `save`) or one of its global_stepN")
+    return tag_dir
+
+
+def read_checkpoint(tag_dir: Path) -> SourceCheckpoint:
+    """The checkpoint in `tag_dir`, as its config.json describes it, without verifying its files."""
+    config_file = Path(tag_dir) / "config.json"
+    if not config_file.is_file():
+        raise CheckpointUnreadable(f"{tag_dir} has no config.json, which says what model and layout it holds; "
+                                   "copy it from the run that saved the checkpoint")
+    return SourceCheckpoint(Path(tag_dir), Config.from_json(config_file.read_text(encoding="utf-8")))
+
+
+def open_checkpoint(path: str | Path, tag: str | None = None) -> SourceCheckpoint:
+    """The checkpoint `path` is (a global_stepN directory) or holds (its `latest`, or `tag`), after checking
+    every file against its manifest; reading never modifies it."""
+    tag_dir = _tag_directory(Path(path), tag)
+    problems = checkpoint_problems(tag_dir)
+    if problems:
+        raise CheckpointUnreadable(f"{tag_dir} cannot be read: " + "; ".join(problems)
+                                   + ". Restore the damaged files from a copy")
+    return read_checkpoint(tag_dir)

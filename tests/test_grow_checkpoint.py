@@ -1,0 +1,250 @@
+"""Growth end to end, with the real Trainer on forked gloo ranks (tests/tiny.yml, fp32, ZeRO-1).
+
+A checkpoint grown ×2 evaluates to the validation loss of the checkpoint it was grown from (1e-5 relative):
+TP=1 × PP=1 × DP=2 into TP=2 (through the CLI) and into one process, TP=2 × PP=2 into TP=4 × PP=1, for
+l2_norm_gelu and (one process) gelu_l2_norm; re-sharding without growth likewise. Training continues from
+it with the optimizer state carried over: with clipping off, the first update of the old tokens equals
+the update of the un-grown checkpoint on the same batch, new keys move at the first step and new values
+at the second. pretrain_partial_init starts from the same weights as the tool's output. The CLI's refusals
+name what is wrong."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from megatron import mpu
+from megatron.config import ConfigError, load_config
+from megatron.growth.plan import SOFTMAX_GROWTH
+from megatron.growth.source import CheckpointUnreadable, open_checkpoint
+from megatron.inference.deepspeed_checkpoint import write_checkpoint
+from megatron.inference.loading import load_state
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.training.data import batch_iterator
+from megatron.training.pretrain import Trainer
+from megatron.training.step import train_step
+from tests.conftest import REPO
+from tests.distributed import run_on_ranks
+from tools.grow_checkpoint import grow_checkpoint
+
+TINY = REPO / "tests" / "tiny.yml"
+DOUBLED = {"qkv_slot_num": 128, "proj_slot_num": 128, "ffn_slot_num": 512}
+SINGLE_PROCESS = {"model_parallel_size": 1, "pipe_parallel_size": 0}
+TOLERANCE = 1e-5
+
+
+def data(demo_data: Path) -> dict:
+    """Data, and a global batch of 16 whatever the data-parallel size, so evaluations see the same batches."""
+    return {"data_path": f"{demo_data}/demo_text_document", "vocab_file": f"{demo_data}/tokenizer.json",
+            "train_batch_size": 16, "gradient_accumulation_steps": None, "eval_iters": 2, "eval_interval": 1000}
+
+
+def overrides(values: dict) -> list[str]:
+    return [f"{key}={json.dumps(value)}" for key, value in values.items()]  # JSON values are YAML
+
+
+def target_yaml(path: Path, values: dict) -> Path:
+    """The next stage's config: a file merged after tests/tiny.yml."""
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return path
+
+
+def trainer_on_this_rank(values: dict) -> Trainer:
+    world = dist.get_world_size()
+    return Trainer(load_config([TINY], [*overrides(values), f"num_gpus={world}"], world_size=world))
+
+
+def stage(values: dict, steps: int = 0) -> dict:
+    """One rank: start a Trainer, evaluate, then train `steps` steps as its loop does. Single-process runs also
+    return the weights before and after each step."""
+    world = dist.get_world_size()
+    trainer = trainer_on_this_rank(values)
+    result = {"start": trainer.state.iteration, "valid": trainer.evaluate(), "losses": [], "weights": []}
+    cfg, engine = trainer.cfg, trainer.engine
+
+    def snapshot() -> None:
+        if world == 1:
+            result["weights"].append({k: v.detach().clone() for k, v in engine.module.state_dict().items()})
+
+    batches = batch_iterator(trainer.splits.train, trainer.state.consumed_samples, cfg.train_micro_batch_size_per_gpu,
+                             mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size())
+    snapshot()
+    for offset in range(steps):
+        trainer.schedule.apply(trainer.optimizer, trainer.state.iteration + offset)
+        result["losses"].append(train_step(engine, batches)[0])
+        snapshot()
+    trainer.metrics.close()
+    return result
+
+
+def train_and_evaluate(values: dict) -> float:
+    """One rank: train (saving at the end), then the validation loss."""
+    trainer = trainer_on_this_rank(values)
+    trainer.train()
+    trainer.metrics.close()
+    return trainer.evaluate()
+
+
+@dataclass(frozen=True)
+class Source:
+    save: Path
+    valid: float
+    values: dict
+
+
+def trained(world_size: int, directory: Path, values: dict) -> Source:
+    values = {**values, "save": str(directory)}
+    return Source(directory, run_on_ranks(world_size, train_and_evaluate, values)[0], values)
+
+
+@pytest.fixture(scope="module")
+def source(demo_data, tmp_path_factory) -> Source:
+    """3 iterations of DeepSpeed's pipeline engine (one stage, the demo's layout) on 2 data-parallel ranks."""
+    return trained(2, tmp_path_factory.mktemp("source"), {**data(demo_data), "pipe_parallel_size": 1,
+                                                           "train_iters": 3})
+
+
+@pytest.fixture(scope="module")
+def grown_single(source, tmp_path_factory) -> Path:
+    """The source grown ×2 into one process (library)."""
+    directory = tmp_path_factory.mktemp("grown_single") / "checkpoints"
+    config = target_yaml(directory.parent / "target.yml", {**source.values, **DOUBLED, **SINGLE_PROCESS})
+    return grow_checkpoint(source.save, directory, [TINY, config])[0].parent
+
+
+def assert_same_loss(got: float, expected: float) -> None:
+    assert abs(got - expected) <= TOLERANCE * abs(expected), (got, expected)
+
+
+def test_the_cli_grows_tp1_into_tp2_with_the_same_loss_and_training_continues(source, tmp_path):
+    target = {**source.values, **DOUBLED, "model_parallel_size": 2, "pipe_parallel_size": 0}
+    files_before = {path: path.stat().st_mtime_ns for path in source.save.rglob("*")}
+    result = subprocess.run(
+        [sys.executable, "tools/grow_checkpoint.py", "--load", str(source.save), "--save", str(tmp_path / "grown"),
+         "--config", str(TINY), str(target_yaml(tmp_path / "target.yml", target))],
+        cwd=REPO, capture_output=True, text=True, check=True)
+    assert "ffn_slot_num 256 -> 512" in result.stdout
+    assert "model_parallel_size 1, pipe_parallel_size 1 -> model_parallel_size 2, pipe_parallel_size 0" in result.stdout
+    assert {path: path.stat().st_mtime_ns for path in source.save.rglob("*")} == files_before  # read only
+    ranks = run_on_ranks(2, stage, {**target, "load": str(tmp_path / "grown"), "save": str(tmp_path / "grown"),
+                                    "train_iters": 5}, 2)
+    assert [r["start"] for r in ranks] == [3, 3]
+    assert_same_loss(ranks[0]["valid"], source.valid)
+    assert all(torch.isfinite(torch.tensor(r["losses"])).all() for r in ranks)
+
+
+def test_first_update_after_growth_equals_the_ungrown_update_and_new_tokens_learn(source, grown_single, tmp_path):
+    resharded = grow_checkpoint(source.save, tmp_path / "resharded", [
+        TINY, target_yaml(tmp_path / "target.yml", {**source.values, **SINGLE_PROCESS})])[0].parent
+    no_clipping = {"gradient_clipping": 0.0, "weight_decay": 0.0}  # decay would move the new values by itself
+    ungrown = run_on_ranks(1, stage, {**source.values, **SINGLE_PROCESS, **no_clipping, "load": str(resharded)},
+                           1)[0]
+    grown = run_on_ranks(1, stage, {**source.values, **DOUBLED, **SINGLE_PROCESS, **no_clipping,
+                                    "load": str(grown_single)}, 2)[0]
+    assert ungrown["start"] == grown["start"] == 3
+    assert_same_loss(ungrown["valid"], source.valid)  # re-sharding only
+    assert_same_loss(grown["valid"], source.valid)
+    before, after = ungrown["weights"]
+    grown_before, grown_after, grown_later = grown["weights"]
+    for name, old in before.items():
+        rows = tuple(slice(0, size) for size in old.shape)
+        assert torch.equal(grown_before[name][rows], old), name
+        update, grown_update = after[name] - old, grown_after[name][rows] - old
+        torch.testing.assert_close(grown_update, update, rtol=1e-5, atol=1e-5 * update.abs().max().item(),
+                                   msg=name)
+    for name, weight in grown_before.items():
+        if name.endswith("key_param_tokens"):
+            n = before[name].shape[0]
+            assert not weight[n:].any() and grown_after[name][n:].abs().sum(dim=1).gt(0).all(), name
+        if name.endswith("value_param_tokens"):
+            n = before[name].shape[0]
+            assert torch.equal(grown_after[name][n:], weight[n:]), name   # no gradient while the keys are zero
+            assert not torch.equal(grown_later[name][n:], weight[n:]), name
+
+
+def test_gelu_l2_norm_growth_keeps_the_loss_and_can_restart_iteration_and_optimizer(demo_data, tmp_path):
+    values = {**data(demo_data), **SINGLE_PROCESS, "norm_activation_type": "gelu_l2_norm", "train_iters": 2}
+    small = trained(1, tmp_path / "small", values)
+    target = target_yaml(tmp_path / "target.yml", {**small.values, **DOUBLED})
+    tag_dir = grow_checkpoint(small.save, tmp_path / "grown", [TINY, target], reset_iteration=True,
+                              reset_optimizer=True)[0]
+    grown = open_checkpoint(tag_dir)
+    assert (tag_dir.name, grown.iteration, grown.consumed_train_samples, grown.optimizer_step) == (
+        "global_step0", 0, 0, None)
+    evaluated = run_on_ranks(1, stage, {**small.values, **DOUBLED, "load": str(tag_dir.parent), "eval_only": True})[0]
+    assert evaluated["start"] == 0
+    assert_same_loss(evaluated["valid"], small.valid)
+
+
+def test_tp2_pp2_grows_into_tp4_pp1_with_the_same_loss(demo_data, tmp_path):
+    small = trained(4, tmp_path / "small", {**data(demo_data), "model_parallel_size": 2, "pipe_parallel_size": 2,
+                                            "train_iters": 2})
+    target = {**small.values, **DOUBLED, "model_parallel_size": 4, "pipe_parallel_size": 1}
+    grown = grow_checkpoint(small.save, tmp_path / "grown", [TINY, target_yaml(tmp_path / "target.yml", target)])
+    assert sorted(p.name for p in grown[0].glob("layer_02-*")) == [f"layer_02-model_0{r}-model_states.pt"
+                                                                   for r in range(4)]
+    assert_same_loss(run_on_ranks(4, stage, {**target, "load": str(grown[0].parent)})[0]["valid"], small.valid)
+
+
+def test_pretrain_partial_init_starts_from_the_tools_output(source, grown_single, tmp_path):
+    values = {**source.values, **DOUBLED, **SINGLE_PROCESS, "pretrain_partial_init": str(source.save),
+              "load": str(tmp_path / "stage2"), "save": str(tmp_path / "stage2")}
+    started = run_on_ranks(1, stage, values)[0]
+    assert started["start"] == 0
+    assert_same_loss(started["valid"], source.valid)
+    tool_output, _ = load_state(grown_single)
+    assert all(torch.equal(started["weights"][0][name], weight) for name, weight in tool_output.items())
+    frozen_tp2 = run_on_ranks(2, stage, {**values, "model_parallel_size": 2, "freeze_old_param_tokens": True}, 1)
+    assert [r["start"] for r in frozen_tp2] == [0, 0]
+    assert_same_loss(frozen_tp2[0]["valid"], source.valid)
+    assert torch.isfinite(torch.tensor(frozen_tp2[0]["losses"])).all()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AssertionError, match=r"empty holds neither a `latest` file nor a checkpoint's model files"):
+        run_on_ranks(1, stage, {**values, "pretrain_partial_init": str(tmp_path / "empty")})
+
+
+def test_the_cli_refuses_what_it_cannot_do(source, tmp_path):
+    def grow(*configs: dict, **options):
+        files = [target_yaml(tmp_path / f"target{i}.yml", {**source.values, **values}) for i, values in
+                 enumerate(configs)]
+        return grow_checkpoint(source.save, tmp_path / "out", [TINY, *files], **options)
+
+    with pytest.raises(ConfigError, match=r"hidden_size \(source 64, target 128\)"):
+        grow({"hidden_size": 128, **DOUBLED})
+    with pytest.raises(ConfigError, match="ffn_slot_num 256 -> 128 shrinks the model; pass --allow-shrink"):
+        grow({"ffn_slot_num": 128})
+    with pytest.raises(CheckpointUnreadable, match=r"has no checkpoint 'global_step99' \(it has \['global_step3'\]\)"):
+        grow({}, tag="global_step99")
+    with pytest.raises(ValueError, match="is inside --load"):
+        grow_checkpoint(source.save, source.save / "grown", [TINY])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "file").write_text("")
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        grow({})
+    shutil.rmtree(tmp_path / "out")
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(source.save, corrupt)
+    victim = next((corrupt / "global_step3").glob("layer_02-*"))
+    victim.write_bytes(victim.read_bytes()[:-8] + b"garbage!")
+    with pytest.raises(CheckpointUnreadable, match=f"{victim.name} does not match its SHA-256 in the manifest"):
+        grow_checkpoint(corrupt, tmp_path / "out", [TINY, target_yaml(tmp_path / "t.yml", source.values)])
+    assert source.save.joinpath("global_step3").is_dir() and not (tmp_path / "out").exists()
+
+    softmax = load_config([TINY], [*overrides(source.values), "norm_activation_type=softmax"])
+    softmax.padded_vocab_size = 2048
+    write_checkpoint([TokenFormerModel(TokenFormerArgs.from_config(softmax)).state_dict()], softmax,
+                     tmp_path / "softmax")
+    with pytest.raises(ConfigError, match=re.escape(SOFTMAX_GROWTH)):
+        grow_checkpoint(tmp_path / "softmax", tmp_path / "out", [TINY, target_yaml(
+            tmp_path / "s.yml", {**source.values, **DOUBLED, "norm_activation_type": "softmax"})])

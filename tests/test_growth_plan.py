@@ -1,0 +1,186 @@
+"""The growth plan's refusals (exact messages) and the growth of single states: old rows bit-exact, zero new
+keys, new values from the target-size init, zero new moments, the old √n kept, so the grown model computes
+the same function (fp64, both l2 variants); shrinking undoes an untrained growth; new tokens get gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron.config import ConfigError, load_config
+from megatron.growth.grow import grown_state, grown_states
+from megatron.growth.parameter_state import ParameterState
+from megatron.growth.plan import SOFTMAX_GROWTH, pattention_entry, plan_growth
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.init_methods import InitRole, initial_value
+from megatron.model.pattention import Pattention
+from tests.conftest import REPO
+
+TINY = REPO / "tests" / "tiny.yml"
+VOCAB = 256
+DOUBLED = ("qkv_slot_num=128", "proj_slot_num=128", "ffn_slot_num=512")
+
+
+def config(*overrides: str):
+    return load_config([TINY], [f"padded_vocab_size={VOCAB}", *overrides])
+
+
+def model_state(cfg) -> dict[str, torch.Tensor]:
+    return TokenFormerModel(TokenFormerArgs.from_config(cfg)).state_dict()
+
+
+def grow_model(source: dict[str, torch.Tensor], plan) -> dict[str, torch.Tensor]:
+    states = grown_states(source, lambda name: ParameterState(source[name]), plan)
+    return {name: state.weight for name, state in states}
+
+
+def test_every_unchangeable_difference_is_reported_at_once():
+    target = config("hidden_size=128", "num_layers=3", "norm_activation_type=gelu_l2_norm", *DOUBLED)
+    with pytest.raises(ConfigError) as error:
+        plan_growth(config(), target)
+    assert str(error.value) == (
+        "the target config differs from the source checkpoint's in what growth cannot change: num_layers "
+        "(source 2, target 3); hidden_size (source 64, target 128); norm_activation_type (source 'l2_norm_gelu', "
+        "target 'gelu_l2_norm'). Only qkv_slot_num, proj_slot_num, ffn_slot_num and the parallel layout may "
+        "change: set the other keys as in the source's config.json")
+
+
+def test_a_different_padded_vocabulary_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"padded vocabulary \(source 256, target 384 = .* choose a "
+                                          r"make_vocab_size_divisible_by that keeps it 256"):
+        plan_growth(config(), load_config([TINY], ["padded_vocab_size=384"]))
+
+
+def test_shrinking_needs_allow_shrink_and_slot_counts_must_split_over_the_target_ranks():
+    target = config("ffn_slot_num=128", "model_parallel_size=2", "qkv_slot_num=96")
+    with pytest.raises(ConfigError) as error:
+        plan_growth(config(), target, {"qkv_slot_num": 99})
+    assert str(error.value) == (
+        "invalid configuration:\n"
+        "  - qkv_slot_num 99 is not divisible by the target's model_parallel_size 2, which splits each "
+        "Pattention's tokens evenly: use a multiple of 2, e.g. 98 or 100\n"
+        "  - ffn_slot_num 256 -> 128 shrinks the model; pass --allow-shrink to drop the last 128 tokens of each "
+        "such Pattention (lossy: the model changes)")
+    plan = plan_growth(config(), target, {"qkv_slot_num": 98}, allow_shrink=True)
+    assert plan.summary() == ["qkv_slot_num 64 -> 98", "proj_slot_num 64 -> 64", "ffn_slot_num 256 -> 128"]
+    assert plan.target.qkv_slot_num == 98 and plan.target.padded_vocab_size == VOCAB
+
+
+def test_softmax_refuses_growth_but_re_shards():
+    source = config("norm_activation_type=softmax")
+    with pytest.raises(ConfigError) as error:
+        plan_growth(source, config("norm_activation_type=softmax", *DOUBLED))
+    assert str(error.value) == SOFTMAX_GROWTH
+    assert "exp(0)" in SOFTMAX_GROWTH and "l2_norm_gelu, gelu_l2_norm" in SOFTMAX_GROWTH
+    resharding = plan_growth(source, config("norm_activation_type=softmax", "model_parallel_size=2"))
+    assert not (resharding.grows or resharding.shrinks)
+
+
+def test_every_pattention_of_the_model_has_a_slot_key():
+    model = TokenFormerModel(TokenFormerArgs.from_config(config()), device="meta")
+    entries = [f"{module_name}.{leaf}" for module_name, module in model.named_modules()
+               if isinstance(module, Pattention) for leaf in ("key_param_tokens", "value_param_tokens",
+                                                               "norm_token_count")]
+    assert len(entries) == 2 * 5 * 3
+    assert all(pattention_entry(name) for name in entries)
+    assert pattention_entry("layers.0.mlp.value_param_tokens") == ("ffn_slot_num", "value_param_tokens")
+    assert pattention_entry("word_embeddings.weight") is None
+
+
+def test_growth_keeps_old_rows_and_the_old_norm_adds_zero_keys_and_fresh_values():
+    source_cfg = config()
+    source = model_state(source_cfg)
+    plan = plan_growth(source_cfg, config(*DOUBLED))
+    name = "layers.1.attention.proj."
+    moments = ParameterState(source[name + "value_param_tokens"], torch.rand(64, 64), torch.rand(64, 64))
+    values = grown_state(name + "value_param_tokens", moments, plan)
+    keys = grown_state(name + "key_param_tokens", ParameterState(source[name + "key_param_tokens"]), plan)
+    assert torch.equal(keys.weight[:64], source[name + "key_param_tokens"]) and keys.weight.shape == (128, 64)
+    assert not keys.weight[64:].any()
+    assert torch.equal(values.weight[:64], source[name + "value_param_tokens"])
+    fresh = initial_value(name + "value_param_tokens", (128, 64), InitRole.OUTPUT, source_cfg.seed, plan.model_args)
+    assert torch.equal(values.weight[64:], fresh[64:]) and values.weight[64:].std() > 0
+    for grown, old in ((values.exp_avg, moments.exp_avg), (values.exp_avg_sq, moments.exp_avg_sq)):
+        assert torch.equal(grown[:64], old) and not grown[64:].any()
+    assert keys.exp_avg is None
+    assert grown_state(name + "norm_token_count", ParameterState(torch.tensor(64)), plan).weight.item() == 64
+    word = ParameterState(source["word_embeddings.weight"])
+    assert grown_state("word_embeddings.weight", word, plan) is word
+
+
+def test_zero_new_values_flag():
+    source_cfg = config()
+    plan = plan_growth(source_cfg, config(*DOUBLED), zero_new_values=True)
+    name = "layers.0.mlp.value_param_tokens"
+    grown = grown_state(name, ParameterState(model_state(source_cfg)[name]), plan).weight
+    assert grown.shape == (512, 64) and not grown[256:].any() and grown[:256].any()
+
+
+@pytest.mark.parametrize("norm", ["l2_norm_gelu", "gelu_l2_norm"])
+def test_the_grown_model_computes_the_same_function(norm):
+    source_cfg = config(f"norm_activation_type={norm}")
+    source = model_state(source_cfg)
+    plan = plan_growth(source_cfg, config(f"norm_activation_type={norm}", *DOUBLED))
+    grown = TokenFormerModel(plan.model_args).double()
+    grown.load_state_dict(grow_model(source, plan))
+    original = TokenFormerModel(TokenFormerArgs.from_config(source_cfg)).double()
+    original.load_state_dict(source)
+    tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = original(tokens), grown(tokens)
+    assert grown.layers[0].mlp.value_param_tokens.shape == (512, 64)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_shrinking_undoes_an_untrained_growth_exactly():
+    source_cfg = config()
+    source = model_state(source_cfg)
+    grown = grow_model(source, plan_growth(source_cfg, config(*DOUBLED)))
+    shrunk = grow_model(grown, plan_growth(config(*DOUBLED), source_cfg, allow_shrink=True))
+    assert shrunk.keys() == source.keys()
+    assert all(torch.equal(shrunk[name], source[name]) for name in source)
+
+
+def test_below_the_stored_n_shrinking_normalises_with_the_new_count():
+    plan = plan_growth(config(), config("ffn_slot_num=128"), allow_shrink=True)
+    assert grown_state("layers.0.mlp.norm_token_count", ParameterState(torch.tensor(256)), plan).weight.item() == 128
+
+
+def test_a_state_that_does_not_match_the_source_config_is_named():
+    plan = plan_growth(config(), config(*DOUBLED))
+    with pytest.raises(ValueError, match=r"layers.0.mlp.key_param_tokens: the source checkpoint holds shape "
+                                         r"\(128, 64\), but its config.json describes \(256, 64\)"):
+        grown_state("layers.0.mlp.key_param_tokens", ParameterState(torch.zeros(128, 64)), plan)
+    source = model_state(config())
+    del source["final_norm.bias"]
+    with pytest.raises(ValueError, match=r"missing \['final_norm.bias'\], unexpected \[\]"):
+        grow_model(source, plan)
+
+
+@pytest.mark.parametrize("zero_new_values", [False, True])
+def test_new_keys_get_gradients_unless_their_values_are_zero(zero_new_values):
+    source_cfg = config()
+    plan = plan_growth(source_cfg, config(*DOUBLED), zero_new_values=zero_new_values)
+    grown = TokenFormerModel(plan.model_args)
+    grown.load_state_dict(grow_model(model_state(source_cfg), plan))
+    tokens = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(0))
+    torch.nn.functional.cross_entropy(grown(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    new_key_grads = [layer.mlp.key_param_tokens.grad[256:] for layer in grown.layers]
+    if zero_new_values:  # zero keys with zero values never learn
+        assert not any(grad.any() for grad in new_key_grads)
+    else:
+        assert all(grad.any() for grad in new_key_grads)
+    assert not any(layer.mlp.value_param_tokens.grad[256:].any() for layer in grown.layers)
+
+
+def test_the_growth_record_names_the_tokens_before_the_last_growth():
+    small, large = config(), config(*DOUBLED)
+    grown_from = {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256}
+    assert plan_growth(small, large).growth_record(None) == {"format": 1, "grown_from": grown_from}
+    assert plan_growth(small, config("model_parallel_size=2")).growth_record(None) is None
+    earlier = {"format": 1, "grown_from": grown_from, "frozen": grown_from, "note": "kept"}
+    assert plan_growth(large, config(*DOUBLED, "model_parallel_size=2")).growth_record(earlier) == {
+        "format": 1, "grown_from": grown_from, "note": "kept"}
+    partly_shrunk = plan_growth(large, config("qkv_slot_num=256", "ffn_slot_num=128"), allow_shrink=True)
+    assert partly_shrunk.growth_record(earlier)["grown_from"] == {
+        "qkv_slot_num": 128, "proj_slot_num": 64, "ffn_slot_num": 128}

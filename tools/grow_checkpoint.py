@@ -1,0 +1,136 @@
+"""Grow a checkpoint's parameter tokens and/or re-shard it into another parallel layout (docs/growth.md).
+
+    python tools/grow_checkpoint.py --load CKPT_DIR [--tag global_stepN] --save NEW_DIR \\
+        --config TARGET.yml [more.yml ...] [--qkv-slot-num N] [--proj-slot-num N] [--ffn-slot-num N] \\
+        [--zero-new-values] [--reset-optimizer] [--reset-iteration] [--allow-shrink]
+
+TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ffn_slot_num (or the flags)
+give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
+value tokens. Same counts and another layout re-shard only. Old tokens stay bit-exact, new keys are zero
+and the normalisation keeps the old n, so the grown model computes the same function; the Adam state is
+carried over (new tokens' moments zero) and the iteration and LR schedule continue. Train from NEW_DIR
+with `load: NEW_DIR` and the target config; nothing else to set.
+
+The source is only read. The output is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron.checkpointing import checkpoint_tag  # noqa: E402
+from megatron.config import load_config  # noqa: E402
+from megatron.growth.grow import grown_states  # noqa: E402
+from megatron.growth.plan import GrowthPlan, plan_growth  # noqa: E402
+from megatron.growth.record import read_growth_record  # noqa: E402
+from megatron.growth.source import open_checkpoint  # noqa: E402
+from megatron.growth.target import CheckpointWriter  # noqa: E402
+
+
+Item = TypeVar("Item")
+_DONE = object()
+
+
+def computed_ahead(items: Iterator[Item]) -> Iterator[Item]:
+    """`items`, each computed in a background thread while the caller handles the one before: reading and
+    growing the next entry overlap writing this one (torch and file I/O release the GIL)."""
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(next, items, _DONE)
+        while (item := pending.result()) is not _DONE:
+            pending = pool.submit(next, items, _DONE)
+            yield item
+
+
+def check_destination(load: Path, save: Path) -> None:
+    """The output must neither touch the source nor overwrite anything."""
+    source, destination = load.resolve(), save.resolve()
+    if destination == source or source in destination.parents:
+        raise ValueError(f"--save {save} is inside --load {load}; the source checkpoint is never modified: "
+                         "write the grown checkpoint to a new directory elsewhere")
+    if save.exists() and (not save.is_dir() or any(save.iterdir())):
+        raise ValueError(f"--save {save} exists and is not empty; choose a new directory (nothing is overwritten)")
+
+
+def _layout(config) -> str:
+    return f"model_parallel_size {config.model_parallel_size}, pipe_parallel_size {config.pipe_parallel_size}"
+
+
+def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: str | None = None,
+                    slot_overrides: dict[str, int | None] | None = None, *, zero_new_values: bool = False,
+                    reset_optimizer: bool = False, reset_iteration: bool = False,
+                    allow_shrink: bool = False) -> tuple[Path, GrowthPlan]:
+    """Write the grown (or re-sharded) checkpoint of `load` into `save`; its tag directory and the plan."""
+    load, save = Path(load), Path(save)
+    check_destination(load, save)
+    source = open_checkpoint(load, tag)
+    plan = plan_growth(source.config, load_config(configs), slot_overrides, allow_shrink=allow_shrink,
+                       zero_new_values=zero_new_values)
+    iteration = 0 if reset_iteration else source.iteration
+    writer = CheckpointWriter(
+        save, checkpoint_tag(iteration), plan.target, iteration=iteration,
+        consumed_train_samples=0 if reset_iteration else source.consumed_train_samples,
+        optimizer_step=None if reset_optimizer else source.optimizer_step,
+        growth_record=plan.growth_record(read_growth_record(source.tag_dir)))
+    with writer:
+        for name, state in computed_ahead(grown_states(source.names(), source.state, plan)):
+            writer.write(name, state.without_moments() if reset_optimizer else state)
+        return writer.commit(), plan
+
+
+def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Namespace) -> str:
+    size = sum(path.stat().st_size for path in tag_dir.rglob("*") if path.is_file())
+    optimizer = "dropped (--reset-optimizer)" if args.reset_optimizer else "carried over" + (
+        ", new tokens' moments zero" if plan.grows else "")
+    iteration = "restarts at 0 (--reset-iteration)" if args.reset_iteration else "continues"
+    verb = {(True, False): "grew", (False, True): "shrank", (True, True): "resized"}.get(
+        (plan.grows, plan.shrinks), "re-sharded")
+    lines = [f"{verb} {args.load} into {tag_dir} in {seconds:.1f} s",
+             *(f"  {line}" for line in plan.summary()),
+             f"  layout: {_layout(plan.source)} -> {_layout(plan.target)}",
+             f"  optimizer state: {optimizer}; iteration and LR schedule: {iteration}",
+             f"  wrote {size / 2**20:,.1f} MiB"]
+    if args.zero_new_values and plan.grows:
+        lines.append("  note: new tokens have zero keys and zero values, so they get no gradient (docs/growth.md)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--load", type=Path, required=True, help="the source checkpoint directory (its `save`)")
+    parser.add_argument("--tag", help="the checkpoint in --load to grow, e.g. global_step300 (default: `latest`)")
+    parser.add_argument("--save", type=Path, required=True, help="a new directory for the grown checkpoint")
+    parser.add_argument("--config", nargs="+", required=True, help="the target run's YAML files, merged left to right")
+    for kind in ("qkv", "proj", "ffn"):
+        parser.add_argument(f"--{kind}-slot-num", type=int, help=f"new {kind}_slot_num (default: the target config's)")
+    parser.add_argument("--zero-new-values", action="store_true",
+                        help="new value tokens zero instead of drawn from the init method (they then never learn)")
+    parser.add_argument("--reset-optimizer", action="store_true", help="drop the Adam state instead of growing it")
+    parser.add_argument("--reset-iteration", action="store_true",
+                        help="start at iteration 0 (LR schedule and data from the start) instead of continuing")
+    parser.add_argument("--allow-shrink", action="store_true",
+                        help="allow fewer tokens than the source: drops each Pattention's last tokens (lossy)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        tag_dir, plan = grow_checkpoint(
+            args.load, args.save, args.config, args.tag,
+            {"qkv_slot_num": args.qkv_slot_num, "proj_slot_num": args.proj_slot_num,
+             "ffn_slot_num": args.ffn_slot_num},
+            zero_new_values=args.zero_new_values, reset_optimizer=args.reset_optimizer,
+            reset_iteration=args.reset_iteration, allow_shrink=args.allow_shrink)
+    except (ValueError, OSError) as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    print(_summary(tag_dir, plan, time.perf_counter() - start, args))
+    return tag_dir
+
+
+if __name__ == "__main__":
+    main()
