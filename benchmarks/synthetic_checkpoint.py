@@ -44,6 +44,7 @@ from megatron.checkpointing import checkpoint_tag  # noqa: E402
 from megatron.config import Config, load_config  # noqa: E402
 from megatron.growth.engine_optimizer import OPTIMIZER_PARAMETER_NAMES  # noqa: E402
 from megatron.model import TokenFormerArgs, TokenFormerModel  # noqa: E402
+from megatron.model.pipeline import pipeline_place  # noqa: E402
 from megatron.rng_state import capture_rng_state  # noqa: E402
 from megatron.training.optimizer import build_optimizer, deepspeed_config  # noqa: E402
 
@@ -56,23 +57,8 @@ TIED = "tied_modules.embed."
 
 def pipeline_name(model_name: str, num_layers: int) -> str:
     """The PipelineModule's name of a TokenFormerModel entry (inverse of pipeline_parameter_model_name)."""
-    head, _, rest = model_name.partition(".")
-    if head == "layers":
-        index, _, key = rest.partition(".")
-        return f"{int(index) + 2}.{key}"
-    if head == "final_norm":
-        return f"{num_layers + 3}.norm.{rest}"
-    if head == "final_linear":
-        return f"{num_layers + 4}.{model_name}"
-    return TIED + model_name
-
-
-def layer_entry(pipe_name: str) -> tuple[int, str]:
-    """(pipeline layer, key in its layer file) of a PipelineModule entry; the tied embedding is layer 0's."""
-    if pipe_name.startswith(TIED):
-        return 0, pipe_name.removeprefix(TIED)
-    index, _, key = pipe_name.partition(".")
-    return int(index), key
+    layer, key = pipeline_place(model_name, num_layers)
+    return TIED + key if layer == 0 else f"{layer}.{key}"
 
 
 def master_weight(model_name: str, shape: torch.Size) -> Tensor:
@@ -204,10 +190,10 @@ def write_synthetic_checkpoint(config: Config, save_dir: Path, iteration: int) -
         return master_weight(name, shape).bfloat16()
 
     entries_by_layer = groupby(model.state_dict().items(),
-                               key=lambda item: layer_entry(pipeline_name(item[0], config.num_layers))[0])
+                               key=lambda item: pipeline_place(item[0], config.num_layers)[0])
     written = set()
     for index, items in entries_by_layer:
-        state = {layer_entry(pipeline_name(name, config.num_layers))[1]: value(name, tensor.shape)
+        state = {pipeline_place(name, config.num_layers)[1]: value(name, tensor.shape)
                  for name, tensor in items}
         torch.save(state, tag_dir / f"layer_{index:02d}-model_00-model_states.pt")
         written.add(index)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from megatron.checkpoint_manifest import checkpoint_files, record_file, sync_directory, write_durably, write_manifest
+from megatron.checkpoint_manifest import (FileRecord, checkpoint_files, record_file, sync_directory, write_durably,
+                                         write_manifest)
 from megatron.work_split import barrier, is_rank_0, map_over_ranks, same_on_all_ranks
 
 STAGING_PREFIX = ".tmp-"
@@ -65,12 +66,13 @@ def reporting_write_failures(save_dir: Path, tag: str) -> Iterator[None]:
         ) from error
 
 
-def commit(save_dir: Path, tag: str) -> Path:
-    """Collective, after every rank wrote its files into the staging directory: manifest, rename, `latest`."""
+def commit(save_dir: Path, tag: str, known: Mapping[str, FileRecord] | None = None) -> Path:
+    """Collective, after every rank wrote its files into the staging directory: manifest, rename, `latest`.
+    `known`: records of files hashed as they were written (RecordedFile), which are not read again."""
     staging = staging_directory(save_dir, tag)
     barrier()
     files = same_on_all_ranks(checkpoint_files(staging))
-    records = map_over_ranks(partial(record_file, staging), files)
+    records = map_over_ranks(partial(record_file, staging, known=known), files)
     final = save_dir / tag
     if is_rank_0():
         write_manifest(staging, records)

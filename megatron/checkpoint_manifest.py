@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +38,49 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def record_file(directory: Path, name: str) -> list[FileRecord]:
+class RecordedFile:
+    """A new file, write-only and sequential (torch.save writes its zip so), whose record is computed from the
+    bytes as they are written: publishing a large checkpoint then needs no second read of them.
+
+        with RecordedFile(directory, name) as stream:
+            torch.save(state, stream)
+        records[name] = stream.record
+    """
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self._name, self._stream = name, open(directory / name, "wb")
+        self._digest, self._size = hashlib.sha256(), 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._digest.update(data)  # releases the GIL for large buffers: another thread keeps computing
+        self._size += memoryview(data).nbytes
+        return self._stream.write(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __enter__(self) -> RecordedFile:
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        self._stream.close()
+
+    @property
+    def record(self) -> FileRecord:
+        return FileRecord(self._name, self._size, self._digest.hexdigest())
+
+
+def record_file(directory: Path, name: str, known: Mapping[str, FileRecord] | None = None) -> list[FileRecord]:
     """The file's record, after flushing it to disk (the manifest must not vouch for data still in the page
-    cache); a one-item list, for work_split.map_over_ranks."""
+    cache); a one-item list, for work_split.map_over_ranks. A record in `known` (hashed as it was written) is
+    taken if the file still has its size; other files are read and hashed."""
     with open(directory / name, "rb") as stream:
         os.fsync(stream.fileno())
-    return [FileRecord(name, (directory / name).stat().st_size, _sha256(directory / name))]
+        size = os.fstat(stream.fileno()).st_size
+    record = (known or {}).get(name)
+    if record is not None and record.size == size:
+        return [record]
+    return [FileRecord(name, size, _sha256(directory / name))]
 
 
 def write_durably(path: Path, text: str) -> None:

@@ -5,13 +5,14 @@ Pattention in the saved checkpoint stay bit-identical while the new rows and the
 under ZeRO-1 (a rank's block holds both kinds of rows), TP=2 under ZeRO-2 (tensor rank 0's blocks are all
 old rows, rank 1's all new), and two pipeline stages in bf16. A frozen run's checkpoints carry the growth
 record with what was frozen and resume frozen, bitwise; without the key all tokens train. The first frozen
-run loads the grown checkpoint's weights only (its optimizer state covers every token), restarting the bf16
+run from the grow tool's checkpoint keeps the trainable rows' Adam state and step; from a DeepSpeed checkpoint
+saved unfrozen it loads the weights only (that optimizer state covers every token), restarting the bf16
 masters of ZeRO stage 0 from them. Freezing without a growth record, or with nothing new to train, is refused
 before any work.
 
-The "grown" checkpoint is made without the grow tool: tests/tiny.yml trained one step and saved with a
-growth record saying every Pattention had half its tokens before growth (which values the rows hold does
-not matter to freezing).
+Except where the grow tool is under test, the "grown" checkpoint is made without it: tests/tiny.yml trained
+one step and saved with a growth record saying every Pattention had half its tokens before growth (which
+values the rows hold does not matter to freezing).
 """
 
 from __future__ import annotations
@@ -23,16 +24,22 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import yaml
+from deepspeed.utils import safe_get_full_optimizer_state
 
 from megatron.checkpointing import save_checkpoint
 from megatron.config import Config, ConfigError, load_config
+from megatron.growth.engine_optimizer import base_optimizer
 from megatron.growth.freezing import run_growth
+from megatron.growth.names import holds_trailing_rows, module_model_names
 from megatron.growth.plan import pattention_entry
 from megatron.growth.record import GrowthRecordError, read_growth_record, write_growth_record
+from megatron.growth.source import read_checkpoint
 from megatron.inference.loading import load_state
 from megatron.training.pretrain import Trainer
 from tests.conftest import REPO, read_metrics
 from tests.distributed import run_on_ranks
+from tools.grow_checkpoint import grow_checkpoint
 
 TINY = REPO / "tests" / "tiny.yml"
 GROWN_FROM = {"qkv_slot_num": 32, "proj_slot_num": 32, "ffn_slot_num": 128}  # half of tiny.yml's counts
@@ -149,6 +156,44 @@ def test_a_weights_only_load_restarts_the_bf16_masters_without_zero(demo_data, t
                  "min_lr=0", f"load={grown}", f"save={tmp_path}/checkpoints", "train_iters=2")
     old, new = load_state(grown)[0], load_state(tmp_path / "checkpoints")[0]
     assert [name for name in old if not torch.equal(new[name], old[name])] == []
+
+
+def trainable_rows_state(overrides: list[str]) -> tuple[dict[str, tuple[torch.Tensor, ...]], set[int]]:
+    """One rank, after loading: (weight, exp_avg, exp_avg_sq) of every partly frozen matrix's trainable rows
+    under its TokenFormerModel name, and the Adam steps the optimizer holds."""
+    run = trainer(overrides)
+    cfg = run.cfg
+    names = module_model_names(run.engine.module, cfg.num_layers, cfg.pipe_parallel_size >= 1)
+    rows = {names[name]: (param.detach().clone(), *(safe_get_full_optimizer_state(param, key).clone()
+                                                    for key in ("exp_avg", "exp_avg_sq")))
+            for name, param in run.engine.module.named_parameters() if holds_trailing_rows(name)}
+    run.metrics.close()
+    return rows, {int(state["step"]) for state in base_optimizer(run.engine.optimizer).state.values()}
+
+
+def test_a_frozen_run_keeps_the_trainable_rows_adam_state_of_the_tools_checkpoint(demo_data, tmp_path):
+    # A source carrying a record (every kind grown from half), grown by the tool in ffn_slot_num only: its
+    # record then freezes half the qkv/proj tokens (old rows trained before, nonzero moments, now trainable)
+    # and the ffn source's tokens (the trainable rows are all new: zero moments).
+    source = grow(1, demo_data, tmp_path / "source")
+    target = tmp_path / "target.yml"
+    target.write_text(yaml.safe_dump({"ffn_slot_num": 512, "num_gpus": 1,
+                                     "vocab_file": str(demo_data / "tokenizer.json")}), encoding="utf-8")
+    tag_dir = grow_checkpoint(source, tmp_path / "grown", [TINY, target])[0]
+    rows, steps = run_on_ranks(1, trainable_rows_state, options(
+        demo_data, FREEZE, "ffn_slot_num=512", f"load={tag_dir.parent}", f"log_dir={tmp_path}/logs"))[0]
+    grown = read_checkpoint(tag_dir)
+    assert steps == {grown.optimizer_step} and grown.optimizer_step > 0
+    assert len(rows) == 2 * 2 * 5  # 2 layers × 5 Pattentions × key and value, each partly frozen
+    carried = 0
+    for name, loaded in rows.items():
+        block = grown.block(name, 0)
+        expected = [tensor[-len(loaded[0]):] for tensor in (block.weight, block.exp_avg, block.exp_avg_sq)]
+        assert all(torch.equal(got, want) for got, want in zip(loaded, expected, strict=True)), name
+        new_rows = name.endswith(("mlp.key_param_tokens", "mlp.value_param_tokens"))
+        assert (expected[1].count_nonzero() == 0) == new_rows, name
+        carried += not new_rows
+    assert carried == 2 * 2 * 4  # qkv ×3 and proj per layer
 
 
 def fake_checkpoint(directory: Path, record: dict | None = None) -> Path:

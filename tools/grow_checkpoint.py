@@ -11,15 +11,17 @@ and the normalisation keeps the old n, so the grown model computes the same func
 carried over (new tokens' moments zero) and the iteration and LR schedule continue. Train from NEW_DIR
 with `load: NEW_DIR` and the target config; nothing else to set.
 
-The source is only read. The output is written under a temporary name and renamed when complete.
+The source is only read; its files are checked against its manifest while growing, and nothing is published
+unless they match. The output is written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -31,7 +33,8 @@ from megatron.config import load_config  # noqa: E402
 from megatron.growth.grow import grown_states  # noqa: E402
 from megatron.growth.plan import GrowthPlan, plan_growth  # noqa: E402
 from megatron.growth.record import read_growth_record  # noqa: E402
-from megatron.growth.source import open_checkpoint  # noqa: E402
+from megatron.growth.source import (SourceCheckpoint, checkpoint_directory, read_checkpoint,  # noqa: E402
+                                    verify_checkpoint)
 from megatron.growth.target import CheckpointWriter  # noqa: E402
 
 
@@ -70,7 +73,24 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
     """Write the grown (or re-sharded) checkpoint of `load` into `save`; its tag directory and the plan."""
     load, save = Path(load), Path(save)
     check_destination(load, save)
-    source = open_checkpoint(load, tag)
+    tag_dir, created = checkpoint_directory(load, tag), not save.exists()
+    with ThreadPoolExecutor(1) as pool:
+        verification = pool.submit(verify_checkpoint, tag_dir)  # hashing the source beside the growing
+        try:
+            return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,
+                         zero_new_values=zero_new_values, reset_optimizer=reset_optimizer,
+                         reset_iteration=reset_iteration, allow_shrink=allow_shrink)
+        except Exception:
+            if created:
+                shutil.rmtree(save, ignore_errors=True)
+            verification.result()  # a corrupt source is the cause of whatever reading it raised: name it
+            raise
+
+
+def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
+          slot_overrides: dict[str, int | None] | None, verified: Callable[[], None], *, zero_new_values: bool,
+          reset_optimizer: bool, reset_iteration: bool, allow_shrink: bool) -> tuple[Path, GrowthPlan]:
+    """grow_checkpoint's work, publishing only after `verified()` returned (it raises for a corrupt source)."""
     plan = plan_growth(source.config, load_config(configs), slot_overrides, allow_shrink=allow_shrink,
                        zero_new_values=zero_new_values)
     iteration = 0 if reset_iteration else source.iteration
@@ -82,6 +102,7 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
     with writer:
         for name, state in computed_ahead(grown_states(source.names(), source.state, plan)):
             writer.write(name, state.without_moments() if reset_optimizer else state)
+        verified()
         return writer.commit(), plan
 
 

@@ -6,6 +6,11 @@ those rounded values into the masters; this puts back the exact fp32 masters and
 optimizer keeps them (engine_optimizer.py), so training continues as if it had never stopped. Partitioned
 optimizers get each data-parallel rank's fragment through DeepSpeed's own link (`safe_set_full_*`), so any
 data-parallel size and ZeRO stage 1/2 load the same states.
+
+A run with freeze_old_param_tokens trains a partly frozen matrix as `parametrizations.<matrix>.original`,
+its block's trailing rows (model/frozen_tokens.py): that parameter gets those rows of the block's weight,
+master and moments, so the rows it trains keep their Adam state. A wholly frozen matrix is a buffer, outside
+the optimizer: it gets its weight with the module's (DeepSpeed's load, or the caller's load_state_dict).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_st
 from torch import Tensor
 
 from megatron.growth.engine_optimizer import base_optimizer, is_partitioned, master_pairs, step_tensor
+from megatron.growth.names import holds_trailing_rows
 from megatron.growth.parameter_state import ParameterState
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -28,6 +34,11 @@ def _check(module_name: str, model_name: str, state: ParameterState, param: Tens
         raise ValueError(f"{model_name} (parameter {module_name}): the checkpoint gives this rank a block of shape "
                          f"{sorted(shapes)}, the model's block is {tuple(param.shape)}; load it with the config "
                          "it was written for (its config.json)")
+
+
+def _trailing_rows(state: ParameterState, rows: int) -> ParameterState:
+    return ParameterState(*(None if tensor is None else tensor[-rows:]
+                            for tensor in (state.weight, state.exp_avg, state.exp_avg_sq)))
 
 
 def _fresh_partition_state(optimizer, params: list[Tensor], step: int) -> None:
@@ -63,11 +74,12 @@ def _set_per_parameter(optimizer, master: Tensor, group: dict, state: ParameterS
             for key, moment in zip(MOMENTS, moments, strict=True)}}
 
 
-def load_parameter_states(engine, states: Callable[[str, Tensor], ParameterState], step: int | None,
+def load_parameter_states(engine, states: Callable[[str], ParameterState], step: int | None,
                           model_names: Mapping[str, str]) -> None:
     """For every parameter of `engine.module` (on this rank): weight, fp32 master and, when `step` is given,
-    Adam's moments (zero where a state has none) and step count. `states(model name, parameter)` gives this
-    rank's block; `model_names` maps the module's parameter names to TokenFormerModel's (names.py). With
+    Adam's moments (zero where a state has none) and step count. `states(model name)` gives this rank's
+    whole block (a frozen run's trainable rows take its trailing rows); `model_names` maps the module's
+    parameter names to TokenFormerModel's (names.py). With
     `step` None the optimizer state is left as it is (a fresh optimizer starts from zero). Raises
     UnsupportedOptimizer (ZeRO stage 3, fused fp16) before setting anything."""
     optimizer = engine.optimizer
@@ -84,7 +96,9 @@ def load_parameter_states(engine, states: Callable[[str, Tensor], ParameterState
         if partitioned and step is not None:
             _fresh_partition_state(optimizer, list(params.values()), step)
         for name, param in params.items():
-            state = states(model_names[name], param)
+            state = states(model_names[name])
+            if holds_trailing_rows(name):
+                state = _trailing_rows(state, param.shape[0])
             _check(name, model_names[name], state, param)
             param.copy_(state.weight)
             if partitioned:

@@ -7,9 +7,11 @@ stay fixed (model/frozen_tokens.py), and only the tokens growth appended learn; 
 as usual.
 
 A frozen run's optimizer holds state for the trainable rows only, so its checkpoints record what was frozen
-(record.py). When the resumed checkpoint's optimizer state was saved with another freeze (a grown checkpoint
-is saved unfrozen), only its weights are loaded: Adam's moments restart at zero, and where the run keeps
-fp32 master weights (bf16) they restart from the loaded bf16 weights, losing what the masters held beyond bf16.
+(record.py). A checkpoint the grow tool wrote keeps its optimizer state per whole parameter (portable.py):
+it fits any freeze, and the rows a frozen run trains keep their fp32 masters, Adam's moments and step
+(apply.py), as with pretrain_partial_init. When a DeepSpeed checkpoint's optimizer state was saved with
+another freeze, only its weights are loaded: Adam's moments restart at zero, and where the run keeps fp32
+master weights (bf16) they restart from the loaded bf16 weights, losing what the masters held beyond bf16.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 from megatron.checkpoint_selection import resume_tag
 from megatron.config import ConfigError
 from megatron.growth.plan import PATTENTION_SLOT_KEYS, SLOT_KEYS
+from megatron.growth.portable import is_portable
 from megatron.growth.record import FORMAT, GROWTH_RECORD, old_token_count, read_growth_record
 from megatron.inference.deepspeed_checkpoint import tag_directory
 from megatron.model.frozen_tokens import freeze_leading_tokens
@@ -37,7 +40,8 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bfloat16": torch.bfloat16, "fp16": t
 class RunGrowth:
     """`record`: the growth record the run continues (None: never grown). `frozen`: the leading tokens per
     slot key that stay fixed (None: all train). `optimizer_state_fits`: the optimizer state of the checkpoint
-    resumed from `load`, if any, covers exactly the tokens this run trains (it was saved with the same freeze)."""
+    resumed from `load`, if any, gives the state of the tokens this run trains (it was saved with the same freeze,
+    or in the grow tool's portable form)."""
 
     record: dict | None = None
     frozen: dict[str, int] | None = None
@@ -100,7 +104,7 @@ def run_growth(cfg) -> RunGrowth:
     else:
         frozen = _frozen_counts(cfg, record, where)
     resumed_frozen = (record or {}).get("frozen")
-    fits = tag is None or resumed_frozen == frozen
+    fits = tag is None or resumed_frozen == frozen or is_portable(load / tag)
     if not fits and is_rank_0():
         print(f"warning: {where} was saved with frozen tokens {resumed_frozen}, this run freezes {frozen}: "
               "loading its weights only; Adam's moments restart at zero", flush=True)

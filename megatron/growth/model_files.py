@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from megatron.checkpoint_safety import DEEPSPEED_CHECKPOINT_CLASSES
-from megatron.inference.deepspeed_checkpoint import _LAYER_FILE, _MODEL_FILE, _check_ranks, _files_by_rank
+from megatron.inference.deepspeed_checkpoint import LAYER_FILE, MODEL_FILE, check_ranks, files_by_rank
 from megatron.model.pipeline import model_parameter_name
 
 
@@ -41,15 +41,15 @@ class ModelFiles:
     """Where each TokenFormerModel entry of each tensor rank is, and the header (mp_rank) files."""
 
     def __init__(self, tag_dir: Path, num_layers: int) -> None:
-        headers = _files_by_rank(tag_dir, _MODEL_FILE)
+        headers = files_by_rank(tag_dir, MODEL_FILE)
         if not headers:
             raise FileNotFoundError(f"{tag_dir} holds no mp_rank_XX_model_states.pt: it is not a checkpoint")
-        _check_ranks(tag_dir, [rank for (rank,) in headers])
+        check_ranks(tag_dir, [rank for (rank,) in headers])
         self.headers = [load_file(headers[(rank,)]) for rank in range(len(headers))]
         self._entries: dict[str, dict[int, Tensor]] = {}
-        layer_files = _files_by_rank(tag_dir, _LAYER_FILE)
+        layer_files = files_by_rank(tag_dir, LAYER_FILE)
         if layer_files:
-            self.tensor_ranks = _check_ranks(tag_dir, [rank for _, rank in layer_files])
+            self.tensor_ranks = check_ranks(tag_dir, [rank for _, rank in layer_files])
             for (layer, rank), path in sorted(layer_files.items()):
                 for key, tensor in load_file(path).items():
                     self._entries.setdefault(model_parameter_name(layer, key, num_layers), {})[rank] = tensor

@@ -23,6 +23,12 @@ def tokenformer_name(module_name: str, num_layers: int, pipelined: bool) -> str:
     return pipeline_parameter_model_name(name, num_layers) if pipelined else name
 
 
+def holds_trailing_rows(module_name: str) -> bool:
+    """Whether module parameter `module_name` is a frozen run's trainable rows of a matrix, the last rows of
+    its TokenFormerModel block (so its state is a slice of that block's)."""
+    return _PARAMETRIZED.search(module_name) is not None
+
+
 def module_model_names(module: nn.Module, num_layers: int, pipelined: bool) -> dict[str, str]:
     """Every parameter name of `module` -> its TokenFormerModel name."""
     return {name: tokenformer_name(name, num_layers, pipelined) for name, _ in module.named_parameters()}

@@ -11,7 +11,6 @@ at 0; the source's iteration is not carried over.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from megatron import mpu
 from megatron.growth.apply import load_parameter_states
@@ -43,13 +42,5 @@ def grow_into(engine, cfg) -> None:
     blocks = {name: own_block(name, grown_state(name, source.state(name), plan)) for name in set(entries.values())}
     with torch.no_grad():
         module.load_state_dict({entry: blocks[name].weight for entry, name in entries.items()})
-
-    def parameter_block(name: str, parameter: Tensor) -> ParameterState:
-        # Under freeze_old_param_tokens a Pattention's parameter holds its block's trailing rows only, the
-        # tokens it trains (model/frozen_tokens.py); the frozen rows went into the module above.
-        block, rows = blocks[name], parameter.shape[0]
-        return block if rows == block.weight.shape[0] else ParameterState(
-            *(None if tensor is None else tensor[-rows:] for tensor in (block.weight, block.exp_avg, block.exp_avg_sq)))
-
-    load_parameter_states(engine, parameter_block, source.optimizer_step,
+    load_parameter_states(engine, blocks.__getitem__, source.optimizer_step,
                           module_model_names(module, cfg.num_layers, pipelined))

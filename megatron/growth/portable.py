@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from torch import Tensor
@@ -45,8 +46,8 @@ def write_marker(tag_dir: Path, optimizer_step: int | None) -> None:
                                         encoding="utf-8")
 
 
-def save_moments(path: Path, exp_avg: Tensor, exp_avg_sq: Tensor) -> None:
-    torch.save({"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, path)
+def save_moments(file: Path | BinaryIO, exp_avg: Tensor, exp_avg_sq: Tensor) -> None:
+    torch.save({"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, file)
 
 
 class PortableMoments:

@@ -124,7 +124,8 @@ class SourceCheckpoint:
         return ParameterState(weight, *moments)
 
 
-def _tag_directory(path: Path, tag: str | None) -> Path:
+def checkpoint_directory(path: Path, tag: str | None = None) -> Path:
+    """The global_stepN directory `path` is, or holds (`tag`, else the one its `latest` names)."""
     if not path.is_dir():
         raise CheckpointUnreadable(f"{path} is not a directory: pass a checkpoint directory (with `latest`) or "
                                    "one of its global_stepN directories")
@@ -156,9 +157,15 @@ def read_checkpoint(tag_dir: Path) -> SourceCheckpoint:
 def open_checkpoint(path: str | Path, tag: str | None = None) -> SourceCheckpoint:
     """The checkpoint `path` is (a global_stepN directory) or holds (its `latest`, or `tag`), after checking
     every file against its manifest; reading never modifies it."""
-    tag_dir = _tag_directory(Path(path), tag)
+    tag_dir = checkpoint_directory(Path(path), tag)
+    verify_checkpoint(tag_dir)
+    return read_checkpoint(tag_dir)
+
+
+def verify_checkpoint(tag_dir: Path) -> None:
+    """Raise CheckpointUnreadable unless every file of `tag_dir` matches its manifest (which it reads whole:
+    the grow tool runs this beside its own reading and writing)."""
     problems = checkpoint_problems(tag_dir)
     if problems:
         raise CheckpointUnreadable(f"{tag_dir} cannot be read: " + "; ".join(problems)
                                    + ". Restore the damaged files from a copy")
-    return read_checkpoint(tag_dir)

@@ -14,13 +14,16 @@ weightless mp_rank file per stage and tensor rank. Weights are fp32 (the masters
 load). Adam's moments go to portable.py's layout-independent files, written as they come. A layer's files are
 written as soon as their entries are complete, so memory stays near the largest file (a pipeline layer; the
 whole model with pipe_parallel_size 0). Everything is written under a temporary name and published with its
-manifest and `latest` by checkpoint_commit.py; leaving the `with` block without commit() (an error) deletes it.
+manifest (each file hashed as it is written, not read back) and `latest` by checkpoint_commit.py; leaving the
+`with` block without commit() (an error) deletes it.
 Works without a process group.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from deepspeed.pipe import LayerSpec
 from torch import Tensor
 
 from megatron.checkpoint_commit import commit, staging_directory
+from megatron.checkpoint_manifest import FileRecord, RecordedFile
 from megatron.config import Config
 from megatron.growth.parameter_state import ParameterState
 from megatron.growth.portable import moments_directory, moments_file, save_moments, write_marker
@@ -37,24 +41,10 @@ from megatron.growth.record import write_growth_record
 from megatron.inference.loading import inference_args
 from megatron.inference.tensor_parallel_layout import split_dimensions, split_state
 from megatron.model import TokenFormerModel
-from megatron.model.pipeline import layer_specs, model_parameter_name
+from megatron.model.pipeline import layer_specs, pipeline_place
 from megatron.mpu import full_shape
 
 _ALL = -1  # the file group of a model without a pipeline: one file per tensor rank holding everything
-
-
-def _pipeline_place(name: str, num_layers: int) -> tuple[int, str]:
-    """(pipeline layer, key in its file) of TokenFormerModel entry `name`: model_parameter_name inverted."""
-    head, _, rest = name.partition(".")
-    if head == "layers":
-        index, _, key = rest.partition(".")
-        place = (int(index) + 2, key)
-    elif head == "final_norm":
-        place = (num_layers + 3, f"norm.{rest}")
-    else:
-        place = (num_layers + 4 if head == "final_linear" else 0, name)
-    assert model_parameter_name(*place, num_layers) == name, name
-    return place
 
 
 class CheckpointWriter:
@@ -80,7 +70,7 @@ class CheckpointWriter:
         self._dims = split_dimensions(args)
         self._ranks, self._pipelined = config.model_parallel_size, config.pipe_parallel_size >= 1
         if self._pipelined:
-            self._places = {name: _pipeline_place(name, config.num_layers) for name in self._shapes}
+            self._places = {name: pipeline_place(name, config.num_layers) for name in self._shapes}
             # DeepSpeed saves a file for every layer that is a module; the tied output layer is a function of
             # layer 0's module.
             groups = [i for i, spec in enumerate(layer_specs(args))
@@ -90,6 +80,7 @@ class CheckpointWriter:
         self._remaining = {group: {n for n, (g, _) in self._places.items() if g == group} for group in groups}
         self._pending = {group: [{} for _ in range(self._ranks)] for group in groups}
         self._written: set[str] = set()
+        self._records: dict[str, FileRecord] = {}
         self._staging: Path | None = None
         self._committed = False
 
@@ -138,7 +129,8 @@ class CheckpointWriter:
         if state.has_moments:
             moments = zip(self._blocks(name, state.exp_avg), self._blocks(name, state.exp_avg_sq), strict=True)
             for rank, (exp_avg, exp_avg_sq) in enumerate(moments):
-                save_moments(moments_file(self._staging, rank, name), exp_avg, exp_avg_sq)
+                with self._recorded(moments_file(self._staging, rank, name)) as stream:
+                    save_moments(stream, exp_avg, exp_avg_sq)
         self._written.add(name)
         self._remaining[group].discard(name)
         if not self._remaining[group]:
@@ -155,9 +147,20 @@ class CheckpointWriter:
     def _flush(self, group: int) -> None:
         for rank, entries in enumerate(self._pending.pop(group)):
             if group == _ALL:
-                torch.save(self._header(entries), self._staging / f"mp_rank_{rank:02d}_model_states.pt")
+                self._save(self._header(entries), f"mp_rank_{rank:02d}_model_states.pt")
             else:
-                torch.save(entries, self._staging / f"layer_{group:02d}-model_{rank:02d}-model_states.pt")
+                self._save(entries, f"layer_{group:02d}-model_{rank:02d}-model_states.pt")
+
+    @contextmanager
+    def _recorded(self, path: Path) -> Iterator[RecordedFile]:
+        """A new staging file, hashed as it is written: commit() then need not read it back."""
+        with RecordedFile(self._staging, str(path.relative_to(self._staging))) as stream:
+            yield stream
+        self._records[stream.record.name] = stream.record
+
+    def _save(self, state: dict, name: str) -> None:
+        with self._recorded(self._staging / name) as stream:
+            torch.save(state, stream)
 
     def commit(self) -> Path:
         """Write what remains, then publish the checkpoint (manifest, rename, `latest`); its directory."""
@@ -169,11 +172,11 @@ class CheckpointWriter:
             self._flush(group)
         if self._pipelined:
             for rank in range(self._ranks * self.config.pipe_parallel_size):
-                torch.save(self._header(None), self._staging / f"mp_rank_{rank:02d}_model_states.pt")
+                self._save(self._header(None), f"mp_rank_{rank:02d}_model_states.pt")
         (self._staging / "config.json").write_text(self.config.to_json(), encoding="utf-8")
         if self.growth_record is not None:
             write_growth_record(self._staging, self.growth_record)
         write_marker(self._staging, self.optimizer_step)
-        directory = commit(self.save_dir, self.tag)
+        directory = commit(self.save_dir, self.tag, self._records)
         self._committed = True
         return directory

@@ -27,8 +27,8 @@ from torch import Tensor
 from megatron.config import Config
 from megatron.model.pipeline import model_parameter_name
 
-_MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-_LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
+MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
 
 
 def tag_directory(path: Path) -> Path | None:
@@ -39,7 +39,7 @@ def tag_directory(path: Path) -> Path | None:
         if not tag_dir.is_dir():
             raise FileNotFoundError(f"{marker} names {tag_dir.name!r}, but {tag_dir} does not exist")
         return tag_dir
-    if any(_MODEL_FILE.match(p.name) or _LAYER_FILE.match(p.name) for p in path.iterdir()):
+    if any(MODEL_FILE.match(p.name) or LAYER_FILE.match(p.name) for p in path.iterdir()):
         return path
     return None
 
@@ -48,11 +48,13 @@ def _load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _files_by_rank(tag_dir: Path, pattern: re.Pattern) -> dict[tuple[int, ...], Path]:
+def files_by_rank(tag_dir: Path, pattern: re.Pattern) -> dict[tuple[int, ...], Path]:
+    """`tag_dir`'s files matching MODEL_FILE or LAYER_FILE, by their numbers ((rank,) or (layer, rank))."""
     return {tuple(int(g) for g in m.groups()): p for p in tag_dir.iterdir() if (m := pattern.match(p.name))}
 
 
-def _check_ranks(tag_dir: Path, ranks: list[int]) -> int:
+def check_ranks(tag_dir: Path, ranks: list[int]) -> int:
+    """The tensor-parallel size the files' `ranks` show; FileNotFoundError when one is missing."""
     if sorted(set(ranks)) != list(range(len(set(ranks)))):
         raise FileNotFoundError(f"{tag_dir}: tensor ranks {sorted(set(ranks))} found, some are missing; "
                                 "copy every mp_rank/layer file of the checkpoint")
@@ -61,18 +63,18 @@ def _check_ranks(tag_dir: Path, ranks: list[int]) -> int:
 
 def read_tensor_rank_states(tag_dir: Path, num_layers: int) -> list[dict[str, Tensor]]:
     """One state dict per tensor-parallel rank, in rank order, under TokenFormerModel's names."""
-    layer_files = _files_by_rank(tag_dir, _LAYER_FILE)
+    layer_files = files_by_rank(tag_dir, LAYER_FILE)
     if layer_files:
-        ranks = _check_ranks(tag_dir, [rank for _, rank in layer_files])
+        ranks = check_ranks(tag_dir, [rank for _, rank in layer_files])
         states: list[dict[str, Tensor]] = [{} for _ in range(ranks)]
         for (layer, rank), path in sorted(layer_files.items()):
             for key, tensor in _load(path).items():
                 states[rank][model_parameter_name(layer, key, num_layers)] = tensor
         return states
-    model_files = _files_by_rank(tag_dir, _MODEL_FILE)
+    model_files = files_by_rank(tag_dir, MODEL_FILE)
     if not model_files:
         raise FileNotFoundError(f"{tag_dir} holds no mp_rank_XX_model_states.pt or layer_*-model_states.pt files")
-    _check_ranks(tag_dir, [rank for (rank,) in model_files])
+    check_ranks(tag_dir, [rank for (rank,) in model_files])
     return [_load(model_files[(rank,)])["module"] for rank in range(len(model_files))]
 
 

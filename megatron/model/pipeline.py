@@ -105,6 +105,21 @@ def model_parameter_name(layer_index: int, key: str, num_layers: int) -> str:
     return key
 
 
+def pipeline_place(name: str, num_layers: int) -> tuple[int, str]:
+    """(pipeline layer, key in its layer) of TokenFormerModel entry `name`: model_parameter_name inverted, for
+    writers of pipeline checkpoints (one file per layer)."""
+    head, _, rest = name.partition(".")
+    if head == "layers":
+        index, _, key = rest.partition(".")
+        place = (int(index) + 2, key)
+    elif head == "final_norm":
+        place = (num_layers + 3, f"norm.{rest}")
+    else:
+        place = (num_layers + 4 if head == "final_linear" else 0, name)
+    assert model_parameter_name(*place, num_layers) == name, name
+    return place
+
+
 def pipeline_parameter_model_name(pipeline_name: str, num_layers: int) -> str:
     """TokenFormerModel's name of a PipelineModule parameter: DeepSpeed registers layer i as child `i`,
     and a tied layer (the embedding, layer 0) under `tied_modules.<key>`."""
