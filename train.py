@@ -11,6 +11,8 @@ import base64
 import warnings
 import zlib
 
+import torch.distributed as dist
+
 from megatron.config import Config
 from megatron.training import pretrain
 
@@ -26,6 +28,10 @@ def main() -> None:
     args = parser.parse_args()
     cfg = Config.from_json(zlib.decompress(base64.urlsafe_b64decode(args.megatron_config)).decode())
     pretrain(cfg)
+    # Leaving with the gloo group alive can abort the process at exit ("terminate called without an
+    # active exception") after the work is done.
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

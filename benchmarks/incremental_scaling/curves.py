@@ -1,0 +1,65 @@
+"""Validation loss against cumulative training compute, read from a run's own outputs.
+
+Compute is counted the way the training log counts it: FLOPs per token from megatron/model/flops.py (the
+config a run saved with its checkpoint, so the count is of what actually ran) times the tokens of every
+optimizer step up to the evaluation. Evaluation passes are not training compute and are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from megatron.config import Config
+from megatron.model import TokenFormerArgs, flops_per_token
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One run's validation points, in order; `compute` is cumulative training FLOPs at each point."""
+
+    label: str
+    iterations: list[int]
+    compute: list[float]
+    loss: list[float]
+
+    @property
+    def final_loss(self) -> float:
+        return self.loss[-1]
+
+    @property
+    def total_compute(self) -> float:
+        return self.compute[-1]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def flops_per_step(cfg: Config) -> float:
+    """Training FLOPs of one optimizer step: the shared per-token formula times the step's tokens."""
+    per_token = flops_per_token(TokenFormerArgs.from_config(cfg), include_recompute=cfg.checkpoint_activations)
+    return float(per_token * cfg.train_batch_size * cfg.seq_length)
+
+
+def saved_config(checkpoint_dir: Path) -> Config:
+    """The resolved config (vocabulary padding included) a run saved with its newest checkpoint."""
+    tag = (checkpoint_dir / "latest").read_text(encoding="utf-8").strip()
+    return Config.from_json((checkpoint_dir / tag / "config.json").read_text(encoding="utf-8"))
+
+
+def validation_points(metrics_path: Path) -> list[tuple[int, float]]:
+    """(iteration, lm_loss) of every validation record in a metrics.jsonl, by iteration."""
+    records = [json.loads(line) for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    points = {record["iteration"]: record["lm_loss"] for record in records if record["split"] == "valid"}
+    if not points:
+        raise ValueError(f"{metrics_path} holds no validation record; the run evaluated nothing")
+    return sorted(points.items())
+
+
+def validation_curve(label: str, points: list[tuple[int, float]], cfg: Config, start_compute: float = 0.0) -> Curve:
+    """A curve from (iteration, loss) points of a run with config `cfg`; `start_compute` is what was spent
+    before its iteration 0 (for a grown model: its source model's training)."""
+    step = flops_per_step(cfg)
+    return Curve(label, [i for i, _ in points], [start_compute + i * step for i, _ in points],
+                 [loss for _, loss in points])
