@@ -9,7 +9,7 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo demo-data test docs clean-demo
+.PHONY: install demo demo-data test docs scaling-study clean-demo
 
 install: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): $(REQUIREMENTS) pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check $(foreach r,$(REQUIREMENTS),-r $(r))
 	touch $(STAMP)
 
-$(DEMO_DATA): $(STAMP) data_prep/demo_corpus.py
+$(DEMO_DATA): data_prep/demo_corpus.py | $(STAMP)
 	$(PY) data_prep/demo_corpus.py --out data/demo
 
 demo-data: $(DEMO_DATA)
@@ -32,6 +32,12 @@ test: $(STAMP)
 
 docs: $(STAMP)
 	$(PY) -m megatron.config.docs
+
+# Issue 11: progressive scaling vs training from scratch on the demo corpus (~30 min on 2 cores);
+# benchmarks/incremental_scaling/README.md. Another corpus: make scaling-study STUDY_ARGS="--data-path P --vocab-file F".
+scaling-study: $(DEMO_DATA) requirements/requirements-bench.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-bench.txt
+	$(PY) benchmarks/incremental_scaling/run_study.py $(STUDY_ARGS)
 
 clean-demo:
 	rm -rf demo_run
