@@ -54,8 +54,10 @@ def test_missing_corpus_is_one_error_before_any_run(tmp_path, capsys):
     assert not (tmp_path / "w" / "results").exists() and not (tmp_path / "w" / "checkpoints").exists()
 
 
-def test_grown_schedule_must_end_on_an_evaluation(tmp_path, capsys):
-    code = run_study.main(["--work-dir", str(tmp_path / "w"), "--grown-iters", "15", "--eval-interval", "10"])
+def test_grown_schedule_must_end_on_an_evaluation(demo_data, tmp_path, capsys):
+    code = run_study.main(["--work-dir", str(tmp_path / "w"), "--grown-iters", "15", "--eval-interval", "10",
+                           "--data-path", str(demo_data / "demo_text_document"),
+                           "--vocab-file", str(demo_data / "tokenizer.json")])
     assert code == 2 and "multiple of eval_interval 10" in capsys.readouterr().err
 
 
