@@ -29,16 +29,11 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def _check(module_name: str, model_name: str, state: ParameterState, param: Tensor) -> None:
-    shapes = {tuple(t.shape) for t in (state.weight, state.exp_avg, state.exp_avg_sq) if t is not None}
+    shapes = {tuple(t.shape) for t in state.tensors()}
     if shapes != {tuple(param.shape)}:
         raise ValueError(f"{model_name} (parameter {module_name}): the checkpoint gives this rank a block of shape "
                          f"{sorted(shapes)}, the model's block is {tuple(param.shape)}; load it with the config "
                          "it was written for (its config.json)")
-
-
-def _trailing_rows(state: ParameterState, rows: int) -> ParameterState:
-    return ParameterState(*(None if tensor is None else tensor[-rows:]
-                            for tensor in (state.weight, state.exp_avg, state.exp_avg_sq)))
 
 
 def _fresh_partition_state(optimizer, params: list[Tensor], step: int) -> None:
@@ -98,7 +93,7 @@ def load_parameter_states(engine, states: Callable[[str], ParameterState], step:
         for name, param in params.items():
             state = states(model_names[name])
             if holds_trailing_rows(name):
-                state = _trailing_rows(state, param.shape[0])
+                state = state.map(lambda tensor, rows=param.shape[0]: tensor[-rows:])
             _check(name, model_names[name], state, param)
             param.copy_(state.weight)
             if partitioned:

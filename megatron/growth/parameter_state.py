@@ -8,6 +8,7 @@ parameters one at a time keeps memory near the largest parameter, not the model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from torch import Tensor
@@ -32,3 +33,12 @@ class ParameterState:
 
     def without_moments(self) -> ParameterState:
         return replace(self, exp_avg=None, exp_avg_sq=None)
+
+    def tensors(self) -> list[Tensor]:
+        """The weight and whichever moments are present."""
+        return [t for t in (self.weight, self.exp_avg, self.exp_avg_sq) if t is not None]
+
+    def map(self, function: Callable[[Tensor], Tensor]) -> ParameterState:
+        """`function` applied to the weight and to each moment present (e.g. taking one block of each)."""
+        return ParameterState(*(None if tensor is None else function(tensor)
+                                for tensor in (self.weight, self.exp_avg, self.exp_avg_sq)))

@@ -34,8 +34,7 @@ def grow_into(engine, cfg) -> None:
     def own_block(name: str, state: ParameterState) -> ParameterState:
         if dims[name] is None:
             return state
-        return ParameterState(*(None if tensor is None else tensor.chunk(ranks, dims[name])[rank].clone()
-                                for tensor in (state.weight, state.exp_avg, state.exp_avg_sq)))
+        return state.map(lambda tensor: tensor.chunk(ranks, dims[name])[rank].clone())
 
     module = engine.module
     entries = {entry: tokenformer_name(entry, cfg.num_layers, pipelined) for entry in module.state_dict()}

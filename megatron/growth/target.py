@@ -105,7 +105,7 @@ class CheckpointWriter:
             raise ValueError(f"{name} is not an entry of the model the target config describes")
         if name in self._written:
             raise ValueError(f"{name} was already written; write each entry once")
-        shapes = [tuple(t.shape) for t in (state.weight, state.exp_avg, state.exp_avg_sq) if t is not None]
+        shapes = [tuple(t.shape) for t in state.tensors()]
         if set(shapes) != {self._shapes[name]}:
             raise ValueError(f"{name}: shapes {shapes} given, the target model's is {self._shapes[name]} (whole, "
                              "as with model_parallel_size 1)")
