@@ -37,7 +37,6 @@ from megatron.checkpoint_commit import (
     staging_directory,
 )
 from megatron.checkpoint_safety import load_weights_only, refuse_if_model_differs
-from megatron.checkpoint_selection import resume_tag
 from megatron.config import ConfigError
 from megatron.growth.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, check_supported, optimizer_parameter_names
 from megatron.growth.portable import is_portable
@@ -96,12 +95,10 @@ def _check_parallel_layout(directory: Path, cfg) -> None:
             )
 
 
-def load_checkpoint(engine, cfg, load_optimizer: bool = True) -> tuple[int, int]:
-    """Restore the latest checkpoint in `cfg.load`; returns (iteration, consumed samples). One the grow tool
-    wrote holds its optimizer state apart from DeepSpeed's files (growth/portable.py): restored after them."""
-    tag = resume_tag(cfg.load)
-    if tag is None:
-        return 0, 0
+def load_checkpoint(engine, cfg, tag: str, load_optimizer: bool = True) -> tuple[int, int]:
+    """Restore checkpoint `tag` of `cfg.load` (checkpoint_selection.resume_tag's verified choice); returns
+    (iteration, consumed samples). One the grow tool wrote holds its optimizer state apart from DeepSpeed's
+    files (growth/portable.py): restored after them."""
     portable = is_portable(Path(cfg.load) / tag)
     _check_parallel_layout(Path(cfg.load) / tag, cfg)
     if portable and load_optimizer:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import yaml
 from deepspeed.utils import safe_get_full_optimizer_state
 
+from megatron.checkpoint_selection import resume_tag
 from megatron.checkpointing import save_checkpoint
 from megatron.config import Config, ConfigError, load_config
 from megatron.growth.engine_optimizer import base_optimizer
@@ -130,16 +131,13 @@ def test_without_the_key_all_tokens_train_and_the_record_is_carried(grown_dp2, d
     assert read_growth_record(tmp_path / "checkpoints" / "global_step2") == RECORD
 
 
-def test_tensor_parallel_ranks_all_frozen_and_all_trainable_under_zero_2(demo_data, tmp_path):
-    layout = ("model_parallel_size=2", "zero_optimization={stage: 2}")
-    grown = grow(2, demo_data, tmp_path / "grown", *layout)
-    run_dir = tmp_path / "frozen"
-    train_losses(2, demo_data, run_dir, *layout, FREEZE, f"load={grown}", f"save={run_dir}", "train_iters=3")
-    assert_only_new_tokens_changed(grown, run_dir)
-
-
-def test_two_pipeline_stages_in_bf16_keep_old_tokens(demo_data, tmp_path):
-    layout = ("pipe_parallel_size=2", "bf16={enabled: true}")
+@pytest.mark.parametrize("layout", [
+    # tensor parallel under ZeRO-2: one rank's blocks all frozen, the other's all trainable
+    ("model_parallel_size=2", "zero_optimization={stage: 2}"),
+    # two pipeline stages in bf16
+    ("pipe_parallel_size=2", "bf16={enabled: true}"),
+], ids=["tensor_2_zero_2", "pipe_2_bf16"])
+def test_other_layouts_keep_old_tokens(layout, demo_data, tmp_path):
     grown = grow(2, demo_data, tmp_path / "grown", *layout)
     run_dir = tmp_path / "frozen"
     train_losses(2, demo_data, run_dir, *layout, FREEZE, f"load={grown}", f"save={run_dir}", "train_iters=3")
@@ -206,22 +204,27 @@ def fake_checkpoint(directory: Path, record: dict | None = None) -> Path:
     return directory
 
 
+def growth_resuming(cfg: Config):
+    """What the Trainer finds: the growth of the checkpoint it would resume from `load`."""
+    return run_growth(cfg, resume_tag(cfg.load))
+
+
 def test_freezing_without_a_growth_record_is_refused(tmp_path):
     for load in (tmp_path / "empty", fake_checkpoint(tmp_path / "not_grown")):
         with pytest.raises(ConfigError, match="freeze_old_param_tokens needs a grown checkpoint in `load`"):
-            run_growth(load_config([TINY], [FREEZE, f"load={load}"]))
+            growth_resuming(load_config([TINY], [FREEZE, f"load={load}"]))
 
 
 def test_freezing_every_token_is_refused(tmp_path):
     load = fake_checkpoint(tmp_path, {"format": 1, "grown_from": {"qkv_slot_num": 64, "proj_slot_num": 64,
                                                                   "ffn_slot_num": 256}})
     with pytest.raises(ConfigError, match="nothing would train"):
-        run_growth(load_config([TINY], [FREEZE, f"load={load}"]))
+        growth_resuming(load_config([TINY], [FREEZE, f"load={load}"]))
 
 
 def test_pretrain_partial_init_freezes_its_source_slot_counts(tmp_path):
     source = fake_checkpoint(tmp_path / "small")
-    growth = run_growth(load_config([TINY], [FREEZE, f"load={tmp_path / 'run'}", f"pretrain_partial_init={source}"]))
+    growth = growth_resuming(load_config([TINY], [FREEZE, f"load={tmp_path / 'run'}", f"pretrain_partial_init={source}"]))
     assert growth.frozen == GROWN_FROM and growth.record_to_save() == {**RECORD, "frozen": GROWN_FROM}
     assert growth.optimizer_state_fits  # nothing is resumed from `load`
 

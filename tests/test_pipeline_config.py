@@ -61,7 +61,7 @@ def test_resuming_with_another_pipeline_layout_is_refused_with_the_fix(tmp_path,
     cfg = SimpleNamespace(load=str(tmp_path), model_parallel_size=1, pipe_parallel_size=resumed)
     with pytest.raises(ConfigError, match=f"saved with pipe_parallel_size={saved} .* resume with "
                                           f"pipe_parallel_size={saved}"):
-        load_checkpoint(engine=None, cfg=cfg)
+        load_checkpoint(engine=None, cfg=cfg, tag="global_step10")
 
 
 def test_a_pipeline_stage_without_norm_parameters_still_gets_two_groups():

@@ -54,4 +54,4 @@ def test_resuming_with_another_tensor_parallel_size_is_refused_with_the_fix(tmp_
     (tmp_path / "latest").write_text("global_step10")
     cfg = SimpleNamespace(load=str(tmp_path), model_parallel_size=4)
     with pytest.raises(ConfigError, match="saved with model_parallel_size=2 .* resume with model_parallel_size=2"):
-        load_checkpoint(engine=None, cfg=cfg)
+        load_checkpoint(engine=None, cfg=cfg, tag="global_step10")

@@ -23,11 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from megatron.checkpoint_selection import resume_tag
 from megatron.config import ConfigError
 from megatron.growth.plan import PATTENTION_SLOT_KEYS, SLOT_KEYS
 from megatron.growth.portable import is_portable
-from megatron.growth.record import FORMAT, GROWTH_RECORD, old_token_count, read_growth_record
+from megatron.growth.record import FORMAT, old_token_count, read_growth_record
 from megatron.inference.deepspeed_checkpoint import tag_directory
 from megatron.model.frozen_tokens import freeze_leading_tokens
 from megatron.model.pattention import Pattention
@@ -78,15 +77,10 @@ def _frozen_counts(cfg, record: dict, where: str) -> dict[str, int]:
     return frozen
 
 
-def run_growth(cfg) -> RunGrowth:
-    """Collective. The growth this run continues; ConfigError when freeze_old_param_tokens cannot apply.
-
-    Choosing the resumed checkpoint verifies it (checkpoint_selection.py), which load_checkpoint repeats;
-    a run that neither freezes nor finds a growth record in `load` skips that.
-    """
+def run_growth(cfg, tag: str | None) -> RunGrowth:
+    """The growth this run continues, resuming checkpoint `tag` of `cfg.load` (None: none, a fresh start or
+    pretrain_partial_init); ConfigError when freeze_old_param_tokens cannot apply."""
     load = Path(cfg.load) if cfg.load else None
-    maybe_grown = load is not None and any(load.glob(f"*/{GROWTH_RECORD}"))
-    tag = resume_tag(cfg.load) if cfg.freeze_old_param_tokens or maybe_grown else None
     if tag is not None:
         record, where = read_growth_record(load / tag), f"load = {load / tag}"
     else:

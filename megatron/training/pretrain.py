@@ -81,7 +81,9 @@ class Trainer:
         self.cfg = cfg
         check_run_inputs(cfg)
         self.layout = initialize_distributed(cfg)
-        self.growth = run_growth(cfg)
+        # Collective; verifies every file of the chosen checkpoint, so it is done once.
+        tag = resume_tag(cfg.load)
+        self.growth = run_growth(cfg, tag)
         self.engine, self.optimizer, self.model_args = setup_model_and_engine(cfg, self.growth.frozen)
         self.schedule = LRSchedule.from_config(cfg)
         self.metrics = MetricsWriter(cfg, dist.get_rank())
@@ -89,17 +91,17 @@ class Trainer:
         self.state = RunState()
         self.nonfinite_steps = NonFiniteSteps(self.engine, cfg)
         self.exit_conditions = ExitConditions(cfg, self.engine.device)
-        if cfg.load:
+        if tag is not None:
             iteration, consumed = load_checkpoint(
-                self.engine, cfg, load_optimizer=not cfg.eval_only and self.growth.optimizer_state_fits)
+                self.engine, cfg, tag, load_optimizer=not cfg.eval_only and self.growth.optimizer_state_fits)
             if not self.growth.optimizer_state_fits:
                 restart_fp32_masters(self.engine)
             self.state.iteration, self.state.consumed_samples = iteration, consumed
             if iteration:
                 print_rank_0(f"resumed from {cfg.load} at iteration {iteration}")
-            elif cfg.eval_only and resume_tag(cfg.load) is None:  # (grow_checkpoint.py --reset-iteration writes step 0)
-                raise ConfigError(f"eval_only: no checkpoint found in load={cfg.load!r} (no 'latest' file)")
-        if cfg.pretrain_partial_init and not self.state.iteration and resume_tag(cfg.load) is None:
+        elif cfg.load and cfg.eval_only:
+            raise ConfigError(f"eval_only: no checkpoint found in load={cfg.load!r} (no 'latest' file)")
+        if cfg.pretrain_partial_init and tag is None:
             grow_into(self.engine, cfg)
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
         self.flops_per_token = flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations)
