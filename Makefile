@@ -9,7 +9,7 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo demo-data test docs scaling-study clean-demo
+.PHONY: install demo demo-data test docs bench scaling-study clean-demo
 
 install: $(STAMP)
 
@@ -32,6 +32,18 @@ test: $(STAMP)
 
 docs: $(STAMP)
 	$(PY) -m megatron.config.docs
+
+# The benchmark suite (figures and how to read them: benchmarks/RESULTS.md, docs/performance.md).
+# benchmarks/grow.py synthesises a 22 GB checkpoint under BENCH_DIR and deletes it afterwards.
+BENCH_DIR ?= /tmp/tokenformer-bench
+bench: $(STAMP) requirements/requirements-bench.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-bench.txt
+	$(PY) benchmarks/pattention.py
+	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/data_preprocess_throughput.py
+	$(PY) benchmarks/sample_fetch.py
+	$(PY) benchmarks/tp_comm.py
+	if [ -f benchmarks/grow.py ]; then rm -rf $(BENCH_DIR)/grow && $(PY) benchmarks/grow.py --workdir $(BENCH_DIR)/grow; fi
 
 # Issue 11: progressive scaling vs training from scratch on the demo corpus (~30 min on 2 cores);
 # benchmarks/incremental_scaling/README.md. Another corpus: make scaling-study STUDY_ARGS="--data-path P --vocab-file F".

@@ -1,110 +1,164 @@
 """Pattention forward+backward time vs its six GEMMs alone, and activation memory vs the plain formula.
 
-    .venv/bin/python benchmarks/pattention.py [--tokens 1024] [--repeats 5]
+    .venv/bin/python benchmarks/pattention.py [--tokens 1024] [--repeats 5] [--threads N] [--clock wall|cpu]
+        [--baseline OTHER_VERSION/megatron/model/pattention.py]
 
-Shapes are the paper configs' Pattention layers (width d, n parameter tokens) for
-`--tokens` input tokens (a micro-batch slice that fits this CPU). The GEMM-only
-baseline runs exactly the six matrix products a Pattention needs (forward X·Kᵀ
-and S·V; backward dY·Vᵀ, Sᵀ·dY, dA·K and dAᵀ·X) with no normalisation: the
-limit any implementation can reach. Memory is the bytes autograd keeps for
-backward, parameters and input excluded. The last line is the worst (largest)
-time ratio of the fused implementation over all shapes.
+Shapes are the paper configs' Pattention layers (width d, n parameter tokens) for `--tokens` input
+tokens (a micro-batch slice that fits this CPU); "×3" is attention's Q, K and V run as one fused node.
+The GEMM-only baseline runs exactly the six matrix products a Pattention needs (forward X·Kᵀ and S·V;
+backward dY·Vᵀ, Sᵀ·dY, dA·K and dAᵀ·X) with no normalisation: the limit any implementation can reach.
+The three variants alternate and each keeps its fastest run (benchmarks/timing.py).
+Memory (megatron/model/activation_memory.py): "saved" is what autograd keeps from forward to backward,
+"peak" the most bytes held at once during forward + backward; both fused / plain. "non-G" is the
+profiler's self time of the fused run's operators other than matrix products over the products' (a
+ratio within one run, so steadier under load than the timings). The last line gives the fused time
+over the GEMMs' summed over all shapes and Θ (and the worst single one) and the worst memory ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import importlib.util
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron.model.pattention import fused_pattention, pattention  # noqa: E402
+from megatron.model.activation_memory import peak_activation_bytes, saved_activation_bytes  # noqa: E402
+from megatron.model.pattention import fused_pattentions, pattention  # noqa: E402
+from timing import add_arguments, fastest  # noqa: E402
 
-SHAPES = [  # (name, d, n)
-    ("150M qkv/proj", 768, 768),
-    ("150M ffn", 768, 3072),
-    ("450M ffn", 1024, 4096),
-    ("1-5B qkv/proj", 1536, 1536),
+NORM_TYPES = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
+SHAPES = [  # (name, d, n, Pattentions of one input)
+    ("150M qkv/proj", 768, 768, 1),
+    ("150M q,k,v ×3", 768, 768, 3),
+    ("150M ffn", 768, 3072, 1),
+    ("450M ffn", 1024, 4096, 1),
+    ("1-5B qkv/proj", 1536, 1536, 1),
 ]
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def tensors(tokens: int, d: int, n: int):
+def tensors(tokens: int, d: int, n: int, count: int) -> tuple[torch.Tensor, list, list, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, d, generator=g).requires_grad_()
-    key = (torch.randn(n, d, generator=g) * 0.02).requires_grad_()
-    value = (torch.randn(n, d, generator=g) * 0.02).requires_grad_()
-    return x, key, value
+    keys = [(torch.randn(n, d, generator=g) * 0.02).requires_grad_() for _ in range(count)]
+    values = [(torch.randn(n, d, generator=g) * 0.02).requires_grad_() for _ in range(count)]
+    return x, keys, values, torch.randn(count, tokens, d, generator=g)
 
 
-def gemms_only(x, key, value, grad_out):
+def gemms_only(x, keys, values, grad_out) -> None:
     with torch.no_grad():
-        scores = x @ key.t()
-        out = scores @ value
-        grad_scores = grad_out @ value.t()
-        _ = scores.t() @ grad_out
-        _ = grad_scores @ key
-        _ = grad_scores.t() @ x
-    return out
+        for key, value, grad in zip(keys, values, grad_out):
+            scores = x @ key.t()
+            scores @ value
+            grad_scores = grad @ value.t()
+            scores.t() @ grad
+            grad_scores @ key
+            grad_scores.t() @ x
 
 
-def run_layer(fn, x, key, value, grad_out):
-    for t in (x, key, value):
+def plain(x, keys, values, norm_type):
+    return torch.stack([pattention(x, k, v, norm_type, 1.0, k.shape[0]) for k, v in zip(keys, values)])
+
+
+def fused(x, keys, values, norm_type):
+    return fused_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
+
+
+def load_baseline(path: Path) -> Callable:
+    """The `fused_pattention` of another version's pattention.py (e.g. before a change), as `plain` is called."""
+    spec = importlib.util.spec_from_file_location("baseline_pattention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def baseline(x, keys, values, norm_type):
+        return torch.stack([module.fused_pattention(x, k, v, norm_type, 1.0, k.shape[0]) for k, v in zip(keys, values)])
+    return baseline
+
+
+def forward_backward(fn, x, keys, values, norm_type, grad_out) -> Callable[[], None]:
+    def step() -> None:
+        fn(x, keys, values, norm_type).backward(grad_out)
+    return step
+
+
+def clear_grads(*tensors: torch.Tensor) -> None:
+    for t in tensors:
         t.grad = None
-    fn(x, key, value, "l2_norm_gelu", 1.0, key.shape[0]).backward(grad_out)
 
 
-def saved_bytes(fn, x, key, value) -> int:
-    kept = {x.data_ptr(), key.data_ptr(), value.data_ptr()}
-    total = 0
+GEMM_OPERATORS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_"}
 
-    def pack(t):
-        nonlocal total
-        if t.data_ptr() not in kept:
-            kept.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-        return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(x, key, value, "l2_norm_gelu", 1.0, key.shape[0]).sum().backward()
-    return total
+def non_gemm_share(step: Callable[[], None], runs: int = 3) -> float:
+    """Profiler self time of every operator but the matrix products, over the products' (least of `runs`):
+    where a Pattention's time goes besides its GEMMs, measured within one run and so robust to load."""
+    shares = []
+    for _ in range(runs):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        times = {event.key: event.self_cpu_time_total for event in prof.key_averages()}
+        gemm = sum(t for name, t in times.items() if name in GEMM_OPERATORS)
+        shares.append((sum(times.values()) - gemm) / gemm)
+    return min(shares)
+
+
+def memory_ratios(x, keys, values, norm_type, grad_out) -> tuple[float, float]:
+    """(saved, peak) activation bytes of the fused node over the plain formula's."""
+    params = (x, *keys, *values)
+    saved = [saved_activation_bytes(lambda fn=fn: fn(x, keys, values, norm_type), exclude=params)
+             for fn in (fused, plain)]
+    peak = []
+    for fn in (fused, plain):
+        clear_grads(*params)
+        peak.append(peak_activation_bytes(forward_backward(fn, x, keys, values, norm_type, grad_out), params))
+    return saved[0] / saved[1], peak[0] / peak[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="another version's megatron/model/pattention.py: its "
+                        "fused_pattention is timed too, alternating with the others (column base/G)")
+    add_arguments(parser)
     args = parser.parse_args()
-    print(f"threads={torch.get_num_threads()} tokens={args.tokens} Θ=l2_norm_gelu fp32; times are medians (ms)")
-    header = f"{'layer':<15} {'d':>5} {'n':>5} {'GEMMs':>8} {'plain':>8} {'fused':>8} {'plain/G':>8} {'fused/G':>8} {'mem fused/plain':>16}"
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    torch.set_num_threads(args.threads)
+    print(f"threads={args.threads} tokens={args.tokens} fp32; fastest of {args.repeats} alternating runs "
+          f"({args.clock} clock, ms)")
+    header = (f"{'Θ':<13} {'layer':<14} {'d':>5} {'n':>5} {'GEMMs':>8} {'plain':>8} {'fused':>8} "
+              f"{'plain/G':>8} {'fused/G':>8} {'non-G':>6} {'saved f/p':>10} {'peak f/p':>9}"
+              + (f" {'base/G':>7}" if baseline else ""))
     print(header)
     print("-" * len(header))
-    worst = 0.0
-    for name, d, n in SHAPES:
-        x, key, value = tensors(args.tokens, d, n)
-        grad_out = torch.randn(args.tokens, d)
-        gemm = median_seconds(lambda: gemms_only(x, key, value, grad_out), args.repeats)
-        plain = median_seconds(lambda: run_layer(pattention, x, key, value, grad_out), args.repeats)
-        fused = median_seconds(lambda: run_layer(fused_pattention, x, key, value, grad_out), args.repeats)
-        memory = saved_bytes(fused_pattention, x, key, value) / saved_bytes(pattention, x, key, value)
-        worst = max(worst, fused / gemm)
-        print(f"{name:<15} {d:>5} {n:>5} {gemm * 1e3:>8.1f} {plain * 1e3:>8.1f} {fused * 1e3:>8.1f} "
-              f"{plain / gemm:>8.2f} {fused / gemm:>8.2f} {memory:>16.2f}")
-    print(f"ratio: fused Pattention time / six GEMMs (worst shape) = {worst:.2f}")
+    total = {"gemms": 0.0, "fused": 0.0}
+    worst = {"time": 0.0, "saved": 0.0, "peak": 0.0}
+    for norm_type in NORM_TYPES:
+        for name, d, n, count in SHAPES:
+            x, keys, values, grad_out = tensors(args.tokens, d, n, count)
+            fused_step = forward_backward(fused, x, keys, values, norm_type, grad_out)
+            steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out),
+                     "plain": forward_backward(plain, x, keys, values, norm_type, grad_out), "fused": fused_step}
+            if baseline:
+                steps["base"] = forward_backward(baseline, x, keys, values, norm_type, grad_out)
+            times = fastest(steps, args.repeats, args.clock)
+            share = non_gemm_share(fused_step)
+            saved, peak = memory_ratios(x, keys, values, norm_type, grad_out)
+            gemm = times["gemms"]
+            total = {"gemms": total["gemms"] + gemm, "fused": total["fused"] + times["fused"]}
+            worst = {"time": max(worst["time"], times["fused"] / gemm), "saved": max(worst["saved"], saved),
+                     "peak": max(worst["peak"], peak)}
+            print(f"{norm_type:<13} {name:<14} {d:>5} {n:>5} {gemm * 1e3:>8.1f} {times['plain'] * 1e3:>8.1f} "
+                  f"{times['fused'] * 1e3:>8.1f} {times['plain'] / gemm:>8.2f} {times['fused'] / gemm:>8.2f} "
+                  f"{share:>6.2f} {saved:>10.2f} {peak:>9.2f}"
+                  + (f" {times['base'] / gemm:>7.2f}" if baseline else ""), flush=True)
+    print(f"ratio: fused Pattention time / six GEMMs = {total['fused'] / total['gemms']:.2f} (all shapes and Θ; "
+          f"worst one {worst['time']:.2f}); activation memory fused / plain: saved {worst['saved']:.2f}, "
+          f"peak {worst['peak']:.2f} (worst)")
 
 
 if __name__ == "__main__":

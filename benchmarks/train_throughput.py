@@ -1,24 +1,27 @@
 """Training-step throughput of TokenFormer vs transformers' GPTNeoXForCausalLM of equal size and FLOPs.
 
     .venv/bin/pip install -r requirements/requirements-bench.txt
-    .venv/bin/python benchmarks/train_throughput.py [--hidden 512 --layers 4 --seq 512 --batch 4]
+    .venv/bin/python benchmarks/train_throughput.py [--hidden 768 --heads 12 --layers 4 --seq 512 --batch 4]
+        [--threads N] [--repeats 5] [--clock wall|cpu]
 
-A TokenFormer layer with qkv = proj = d and ffn = 4d parameter tokens holds 16·d² parameters
-and costs 32·d² forward FLOPs per token in its projections; a GPT-NeoX layer with an MLP
-width of 6d holds (and costs) the same, so the two models below match in parameters and in
-FLOPs per token (attention and logits are identical). Both run one process with the same
-threads, batch, sequence length and AdamW; a step is forward + backward + optimizer update,
-the models alternate, and each keeps its fastest step (the least disturbed by other load).
-FLOP/s use the training formula of megatron/model/flops.py for both models (same count);
-the GEMM peak is a large fp32 matmul measured here. The last line is TokenFormer's tokens/s
-over GPT-NeoX's.
+The default width and heads are the 150M config's (d = 768, 12 heads), with 4 layers, 512-token
+sequences and an 8192-token vocabulary to fit this CPU. A TokenFormer layer with qkv = proj = d and
+ffn = 4d parameter tokens (the paper's ratios) holds 16·d² parameters and costs 32·d² forward FLOPs
+per token in its projections; a GPT-NeoX layer with an MLP width of 6d holds (and costs) the same, so
+the two models match in parameters and in FLOPs per token (attention and logits are identical). Both
+run in one process with the same threads, batch, sequence length and AdamW; a step is forward +
+backward + optimizer update, the models alternate, and each keeps its fastest step
+(benchmarks/timing.py). FLOP/s use the training formula of megatron/model/flops.py for both models
+(same count); the GEMM peak is the fastest large fp32 matmul measured here (before and after the
+steps), "of peak" the achieved FLOP/s over it. The last line is TokenFormer's tokens/s over
+GPT-NeoX's.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,15 +30,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token  # noqa: E402
+from timing import add_arguments, fastest  # noqa: E402
 
 
-def gemm_peak_flops(size: int = 2048, repeats: int = 5) -> float:
+def gemm_peak_flops(repeats: int, clock: str, size: int = 2048) -> float:
+    """FLOP/s of the fastest of `repeats` fp32 [size, size] matmuls."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
+    return 2 * size**3 / fastest({"gemm": lambda: a @ b}, repeats, clock)["gemm"]
 
 
 def tokenformer(args: argparse.Namespace) -> torch.nn.Module:
@@ -66,49 +67,45 @@ def gpt_neox(args: argparse.Namespace) -> torch.nn.Module:
     return LogitsOnly()
 
 
-def training_step(model: torch.nn.Module, args: argparse.Namespace):
+def training_step(model: torch.nn.Module, args: argparse.Namespace) -> Callable[[], None]:
+    """Forward, backward and AdamW update of `model` on one fixed batch."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     g = torch.Generator().manual_seed(0)
     batch = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g)
 
-    def step() -> float:
-        start = time.perf_counter()
+    def step() -> None:
         logits = model(batch[:, :-1])
         F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
 
-    step()  # warm-up
     return step
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_arguments(parser)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     models = {"TokenFormer": tokenformer(args), "GPTNeoXForCausalLM": gpt_neox(args)}
     flops = flops_per_token(models["TokenFormer"].args, include_recompute=False)
-    peak = gemm_peak_flops()
+    first_peak = gemm_peak_flops(args.repeats, args.clock)
+    best = fastest({name: training_step(model, args) for name, model in models.items()}, args.repeats, args.clock)
+    rates = {name: args.batch * args.seq / seconds for name, seconds in best.items()}
+    peak = max(first_peak, gemm_peak_flops(args.repeats, args.clock))  # before and after the steps
     print(f"threads={torch.get_num_threads()} d={args.hidden} layers={args.layers} seq={args.seq} "
-          f"batch={args.batch} vocab={args.vocab}; GEMM peak {peak / 1e9:.1f} GFLOP/s")
+          f"batch={args.batch} vocab={args.vocab}; GEMM peak {peak / 1e9:.1f} GFLOP/s; fastest of "
+          f"{args.repeats} alternating steps ({args.clock} clock)")
     header = f"{'model':<20} {'params':>10} {'tokens/s':>10} {'GFLOP/s':>9} {'of peak':>8}"
     print(header)
     print("-" * len(header))
-    # Alternate the models and keep each one's fastest step: the least disturbed by other load.
-    steps = {name: training_step(model, args) for name, model in models.items()}
-    best = {name: float("inf") for name in steps}
-    for _ in range(args.repeats):
-        for name, step in steps.items():
-            best[name] = min(best[name], step())
-    rates = {name: args.batch * args.seq / seconds for name, seconds in best.items()}
     for name, model in models.items():
         params = sum(p.numel() for p in model.parameters())
         achieved = rates[name] * flops

@@ -11,6 +11,7 @@ import torch
 from megatron import mpu
 from megatron.model import TokenFormerArgs
 from megatron.model.layer import TokenFormerLayer
+from megatron.model.tp_traffic import tokenformer_bytes_per_token
 from megatron.mpu.collectives import Collective, count_collectives
 from tests.distributed import run_on_ranks
 
@@ -31,13 +32,6 @@ def documented_payloads(d: int, element_size: int, norm_type: str) -> dict[str, 
     backward[("all_reduce", element_size)] += 2 * d
     backward[("all_reduce", STATISTIC_BYTES)] += 5
     return {"forward": forward, "backward": backward}
-
-
-def documented_bytes_per_token(d: int, t: int, element_size: int, norm_type: str) -> float:
-    """The doc's formula: (t−1)/t · (16·d·e + 40·k) bytes per rank per token, forward + backward,
-    k = 2 for the l2 variants and 3 for softmax."""
-    k = 3 if norm_type == "softmax" else 2
-    return (t - 1) / t * (16 * d * element_size + 40 * k)
 
 
 def one_layer_pass(norm_type: str, dtype: torch.dtype) -> dict[str, list[Collective]]:
@@ -92,4 +86,4 @@ def test_collective_payloads_per_layer_match_the_documented_table(counted, norm_
         assert per_token(calls[direction]) == expected[direction], direction
     assert (len(calls["forward"]), len(calls["backward"])) == ((14, 9) if norm_type == "softmax" else (9, 9))
     sent = sum(c.bytes_sent_per_rank(tensor_size) for c in calls["forward"] + calls["backward"]) / TOKENS
-    assert sent == pytest.approx(documented_bytes_per_token(HIDDEN, tensor_size, element_size, norm_type))
+    assert sent == pytest.approx(tokenformer_bytes_per_token(HIDDEN, tensor_size, element_size, norm_type))

@@ -3,6 +3,10 @@
 Submodule names follow the official release: `query`, `key`, `value` (qkv_slot_num tokens each) and
 `proj` (proj_slot_num tokens), all hidden_size -> hidden_size.
 
+Q, K and V are three Pattentions of the same input, computed by one fused node (outputs written straight
+into one [3, b, s, d] tensor, X's gradient accumulated in place); splitting them into heads and rotating
+Q and K is one more node (`_Heads`). docs/performance.md says why.
+
 Tensor parallelism (docs/tensor_parallel.md): every Pattention is split by parameter tokens, the heads
 by rank. Q, K and V leave their Pattentions as per-rank partial sums; one reduce-scatter along the
 hidden dimension both sums them and hands each rank its own heads (heads are contiguous in it).
@@ -17,9 +21,10 @@ from torch import Tensor, nn
 from megatron.model.args import TokenFormerArgs
 from megatron.model.kv_cache import LayerKVCache, causal_mask
 from megatron.model.parallel_pattention import ParallelPattention
+from megatron.model.pattention import fused_pattentions
 from megatron.model.rotary import apply_rotary, rotary_cos_sin
-from megatron.mpu import (all_gather_to_region, copy_to_region, reduce_from_region, reduce_scatter_to_region,
-                          split_region_rng, split_size)
+from megatron.mpu import (all_gather_to_region, all_reduce_max, all_reduce_sum, copy_to_region, reduce_from_region,
+                          reduce_scatter_to_region, split_region_rng, split_size)
 
 
 class SelfAttention(nn.Module):
@@ -38,25 +43,27 @@ class SelfAttention(nn.Module):
         self.value = make_pattention(args.qkv_slot_num)
         self.proj = make_pattention(args.proj_slot_num)
         self.num_local_heads = split_size(args.num_attention_heads, "num_attention_heads")
-        self.head_dim = args.head_dim
         self.rotary_dims = args.rotary_dims
         self.rotary_base = args.rotary_emb_base
         self.attention_dropout = args.attention_dropout
 
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """[b, s, local_heads·head_dim] -> [b, local_heads, s, head_dim]."""
-        return x.unflatten(-1, (self.num_local_heads, self.head_dim)).transpose(1, 2)
+    def _partial_qkv(self, x: Tensor) -> Tensor:
+        """This rank's shares of Q, K and V for x [b, s, d]: [3, b, s, d]."""
+        layers = (self.query, self.key, self.value)
+        return fused_pattentions(x, [p.key_param_tokens for p in layers], [p.value_param_tokens for p in layers],
+                                 self.query.norm_type, self.query.tau, [p.norm_token_count for p in layers],
+                                 reduce_sum=all_reduce_sum, reduce_max=all_reduce_max)
 
     def forward(self, x: Tensor, cache: LayerKVCache | None = None) -> Tensor:
         """With a `cache`, x holds the tokens after the cached ones: they attend to those too."""
         x = copy_to_region(x)
-        partial_qkv = torch.stack([p.partial_output(x) for p in (self.query, self.key, self.value)], dim=2)
-        qkv = reduce_scatter_to_region(partial_qkv, dim=-1)  # [b, s, 3, d / tp]: this rank's heads
-        query, key, value = (self._split_heads(t) for t in qkv.unbind(dim=2))
+        qkv = reduce_scatter_to_region(self._partial_qkv(x), dim=-1)  # [3, b, s, d / tp]: this rank's heads
         past = 0 if cache is None else cache.length
+        cos = sin = None
         if self.rotary_dims:
             cos, sin = rotary_cos_sin(past + x.shape[1], self.rotary_dims, self.rotary_base, x.device)
-            query, key = apply_rotary(query, cos[past:], sin[past:]), apply_rotary(key, cos[past:], sin[past:])
+            cos, sin = cos[past:], sin[past:]
+        query, key, value = _Heads.apply(qkv, self.num_local_heads, cos, sin)
         if cache is not None:
             key, value = cache.extend(key, value)
         mask = causal_mask(query.shape[2], key.shape[2], x.device) if past else None
@@ -66,3 +73,32 @@ class SelfAttention(nn.Module):
                 is_causal=mask is None)
         context = all_gather_to_region(context.transpose(1, 2).flatten(2), dim=-1)
         return reduce_from_region(self.proj.partial_output(context))
+
+
+class _Heads(torch.autograd.Function):
+    """Q, K, V [3, b, s, heads·head_dim] -> each [b, heads, s, head_dim], Q and K rotated unless cos is None.
+
+    Backward writes the three gradients into one [3, b, s, d] tensor, Q's and K's rotated back (by −θ);
+    autograd's own backward of the views, slices and rotation would zero-fill, add and copy it several times.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv, num_heads, cos, sin):
+        heads = qkv.unflatten(-1, (num_heads, -1)).transpose(-3, -2)
+        query_key = heads[:2] if cos is None else apply_rotary(heads[:2], cos, sin)
+        ctx.save_for_backward(cos, sin)
+        ctx.shape, ctx.num_heads = qkv.shape, num_heads
+        return query_key[0], query_key[1], heads[2]
+
+    @staticmethod
+    def backward(ctx, grad_query, grad_key, grad_value):
+        cos, sin = ctx.saved_tensors
+        grad = grad_value.new_empty(ctx.shape)
+        heads = grad.unflatten(-1, (ctx.num_heads, -1)).transpose(-3, -2)
+        for i, g in enumerate((grad_query, grad_key)):
+            if cos is None:
+                heads[i].copy_(g)
+            else:
+                apply_rotary(g, cos, -sin, out=heads[i])
+        heads[2].copy_(grad_value)
+        return grad, None, None, None

@@ -19,11 +19,13 @@ it without copying it:
     out = normalize_scores(scores, norm_type, row_sum, row_max, n) @ V_local   # all-reduce SUM
 `pattention` composes them, with hooks where the statistics are combined across ranks: it is the
 reference, differentiated by autograd. `fused_pattention` (below) computes the same values in one autograd
-node that keeps only the scores for backward (a third of the activation memory); layers use it.
-Statistics and Θ are computed in at least fp32 (bf16/fp16 scores are upcast).
+node that keeps one score-sized tensor for backward (a third of the activation memory) and makes few
+passes over the scores; layers use it, and `fused_pattentions` runs several Pattentions of one input
+(attention's Q, K, V) in one such node. Statistics and Θ are computed in at least fp32 (bf16/fp16 scores
+are upcast); the tensor saved for backward keeps the input dtype.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -125,94 +127,159 @@ def pattention(
     return torch.matmul(weights.to(scores.dtype), value_tokens)
 
 
-# --- The memory-efficient autograd node, used by the layers -------------------------------------------
-# Autograd through the plain formula above keeps three score-sized
-# tensors per layer alive for backward (the scores A, the normalised scores and
-# the GeLU output, [tokens, n] each) and runs a dozen element-wise passes in
-# backward. Here forward saves only A and one statistic per row; backward
-# recomputes the element-wise chain from A and applies the closed-form gradient
-# of the normalisation. Values and gradients equal the plain formula's (tests).
+# --- The fused autograd node, used by the layers ---------------------------------------------------------
+# Autograd through the plain formula keeps three score-sized tensors per layer
+# ([tokens, n] each: A, the normalised scores, the GeLU output) and runs 14-20
+# operators over them. On a CPU each pass over a score matrix costs a few percent
+# of a GEMM, so the node below makes few passes, in place: forward keeps one
+# score-sized tensor and a row statistic, backward recomputes at most one GeLU
+# from it and applies the closed-form gradient of Θ, with at most two score-sized
+# buffers alive (docs/performance.md counts the passes). τ is applied to X, and in
+# forward the row factors of gelu_l2_norm and softmax to the output [tokens, d].
 #
-# Backward, per row, with s the row statistic over all N parameter tokens and
-# c a row reduction of the incoming gradient (also over all tokens):
+# With A = τ·X·Kᵀ, N the layer's token count, s a row statistic over all N
+# tokens and c a row reduction of the incoming gradient (both summed over the
+# tensor-parallel ranks by `reduce_sum`), r = √N/√s, dW = dY·Vᵀ:
 #
-#     l2_norm_gelu:  Z = A·r, r = √N/√s, s = ΣA²      dZ = dS ⊙ GeLU'(Z)
-#                    dA = r·dZ − (r·c/s)·A,            c = Σ dZ·A
-#     gelu_l2_norm:  S = G·r, G = GeLU(A), s = ΣG²
-#                    dG = r·dS − (r·c/s)·G,            c = Σ dS·G,   dA = dG ⊙ GeLU'(A)
-#     softmax:       S = N·exp(A − m)/s, s = Σexp(A − m)
-#                    dA = S ⊙ (dS − c/N),              c = Σ dS·S
+#   l2_norm_gelu   Z = r·A (kept), W = GeLU(Z), Y = W·V
+#                  dA = GeLU'(Z) ⊙ r·dW − (c/N)·Z,  c = Σ (GeLU'(Z) ⊙ r·dW)·Z
+#                  (= r·dZ − (r·Σ dZ·A / s)·A with dZ = GeLU'(Z) ⊙ dW, as s·r² = N)
+#   gelu_l2_norm   G = GeLU(A), A kept, Y = r·(G·V)
+#                  dA = GeLU'(A) ⊙ (r·dW − (c/s)·G),  c = Σ (r·dW)·G
+#   softmax        E = exp(A − m) (kept), q = N/s, Y = q·(E·V)
+#                  dA = E ⊙ (q·dW − q·c/N),  c = Σ (q·dW)·E
 #
-# For tensor parallelism (each rank holding a block of the N tokens) the row
-# statistics and c are summed over ranks by the `reduce_sum` / `reduce_max`
-# callables; the output is this block's partial sum, as with the plain formula.
+# r·dW and q·dW are taken in place on the GEMM's output dY·Vᵀ, whatever the
+# shapes: a choice that depended on N (say, scaling dY [tokens, d_out] instead
+# when d_out < N) would round differently once growth appends zero-key tokens,
+# and the old tokens' gradients would no longer be bit-identical to the un-grown
+# layer's (tests/test_fused_pattention.py). Rows whose s is below
+# ZERO_ROW_GUARD get no gradient through s, as with the plain formula's clamp.
+# Several Pattentions of the same input (attention's Q, K, V) run in one node,
+# one Pattention at a time, so backward's buffers stay those of one.
 
 Reduce = Callable[[Tensor], Tensor]
 
 
-def _gelu_grad(grad: Tensor, at: Tensor) -> Tensor:
-    return torch.ops.aten.gelu_backward(grad, at)
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Σ a·b along the last dim, [..., 1], in at most 16 blocks of rows (of at least 2¹⁶ elements): the
+    elementwise product never takes a whole score-sized buffer, which would raise the node's peak memory."""
+    out = a.new_empty(*a.shape[:-1], 1)
+    rows = max(-(-a.shape[-2] // 16), 2**16 // a.shape[-1], 1)
+    for a_rows, b_rows, out_rows in zip(a.split(rows, -2), b.split(rows, -2), out.split(rows, -2)):
+        torch.linalg.vecdot(a_rows, b_rows, out=out_rows.squeeze(-1))
+    return out
+
+
+def _gelu_backward_(grad: Tensor, at: Tensor) -> Tensor:
+    """GeLU'(at) ⊙ grad, written over grad."""
+    return torch.ops.aten.gelu_backward.grad_input(grad, at, grad_input=grad)
+
+
+def _normalize_(a: Tensor, norm_type: str, n: Tensor, reduce_sum: Reduce,
+                reduce_max: Reduce) -> tuple[Tensor, Tensor, Tensor]:
+    """Θ's forward on scores a [tokens, n], turning a into the tensor backward keeps (Z, A or E above).
+
+    Returns (W without its row factor (l2_norm_gelu: W itself), the row statistic s, the row factor).
+    """
+    if norm_type == "softmax":
+        a.sub_(reduce_max(a.amax(dim=-1, keepdim=True))).exp_()
+        statistic = reduce_sum(a.sum(dim=-1, keepdim=True))
+        return a, statistic, n / statistic
+    g = F.gelu(a) if norm_type == "gelu_l2_norm" else a
+    statistic = reduce_sum(torch.linalg.vector_norm(g, dim=-1, keepdim=True).square_())
+    row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
+    return (g, statistic, row) if norm_type == "gelu_l2_norm" else (F.gelu(a.mul_(row)), statistic, row)
+
+
+def _normalize_backward(s: Tensor, grad_out: Tensor, value: Tensor, norm_type: str, statistic: Tensor, row: Tensor,
+                        n: Tensor, reduce_sum: Reduce) -> tuple[Tensor, Tensor]:
+    """(dV, dA) of one Pattention from the kept tensor s and dY, by the formulas above."""
+    weights = s if norm_type == "softmax" else F.gelu(s)
+    # Y = W·V (l2_norm_gelu) or row·(W·V): dV = Wᵀ·dY or Wᵀ·(row·dY).
+    grad_out_of_weights = grad_out if norm_type == "l2_norm_gelu" else (grad_out * row).to(grad_out.dtype)
+    grad_value = torch.mm(weights.to(grad_out.dtype).t(), grad_out_of_weights)
+    del grad_out_of_weights
+    if norm_type == "l2_norm_gelu":
+        del weights  # freed before the next score-sized buffer: at most two exist at once
+    grad_weights = _at_least_fp32(torch.mm(grad_out, value.t())).mul_(row)  # row·dW in place: no buffer
+    live = (statistic > ZERO_ROW_GUARD).to(s.dtype)
+    if norm_type == "l2_norm_gelu":
+        grad_scores = _gelu_backward_(grad_weights, s)
+        c = reduce_sum(_row_dot(grad_scores, s))
+        grad_scores.addcmul_(s, c.mul_(live).div_(n), value=-1)
+    elif norm_type == "gelu_l2_norm":
+        c = reduce_sum(_row_dot(grad_weights, weights))
+        grad_weights.addcmul_(weights, c.mul_(live).div_(statistic.clamp(min=ZERO_ROW_GUARD)), value=-1)
+        grad_scores = _gelu_backward_(grad_weights, s)
+    else:
+        c = reduce_sum(_row_dot(grad_weights, s))
+        grad_scores = grad_weights.sub_(c.mul_(row).div_(n)).mul_(s)
+    return grad_value, grad_scores.to(grad_out.dtype)
 
 
 class _FusedPattention(torch.autograd.Function):
+    """x [tokens, d_in], B keys [n, d_in], B values [n, d_out], token counts n [B] -> Y [B, tokens, d_out].
+
+    The token matrices are separate inputs, not a stacked copy (backward keeps no copy of them). The B
+    Pattentions share X (one input, one gradient buffer for it); Θ and backward run one at a time.
+    """
+
     @staticmethod
-    def forward(ctx, x, key_tokens, value_tokens, norm_type, tau, n, reduce_sum, reduce_max):
-        scores = F.linear(x, key_tokens) * tau if tau != 1.0 else F.linear(x, key_tokens)
-        a = _at_least_fp32(scores)
-        # n stays a tensor (no host sync on accelerators; a meta-device model runs too).
-        n = torch.as_tensor(n, device=a.device).to(a.dtype)
-        if norm_type == "softmax":
-            row_max = reduce_max(a.amax(dim=-1, keepdim=True))
-            weights = torch.exp(a - row_max)
-            statistic = reduce_sum(weights.sum(dim=-1, keepdim=True))
-            weights.mul_(n / statistic)
-        else:
-            row_max = None
-            g = F.gelu(a) if norm_type == "gelu_l2_norm" else a
-            statistic = reduce_sum(torch.linalg.vector_norm(g, dim=-1, keepdim=True).square_())
-            scale = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
-            weights = F.gelu(a * scale) if norm_type == "l2_norm_gelu" else g.mul_(scale)
-        ctx.save_for_backward(x, key_tokens, value_tokens, scores, statistic, row_max, n)
+    def forward(ctx, x, norm_type, tau, n, reduce_sum, reduce_max, *tokens):
+        keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
+        if tau != 1.0:
+            x = x * tau  # τ·X·Kᵀ = (τ·X)·Kᵀ: the scale lands on the small operand
+        kept = x.new_empty(len(keys), len(x), len(keys[0]))
+        out = x.new_empty(len(keys), len(x), values[0].shape[1])
+        n = n.to(torch.promote_types(x.dtype, torch.float32))
+        statistics, rows = [], []
+        for key, value, n_b, kept_b, out_b in zip(keys, values, n, kept, out):
+            a = _at_least_fp32(torch.mm(x, key.t(), out=kept_b))  # fp32: kept_b itself, modified in place
+            weights, statistic, row = _normalize_(a, norm_type, n_b, reduce_sum, reduce_max)
+            torch.mm(weights.to(x.dtype), value, out=out_b)
+            if norm_type != "l2_norm_gelu":
+                out_b.mul_(row)
+            kept_b.copy_(a)  # bf16/fp16: back into the kept buffer; fp32: a is kept_b, no copy
+            statistics.append(statistic)
+            rows.append(row)
+        ctx.save_for_backward(x, kept, torch.stack(statistics), torch.stack(rows), n, *tokens)
         ctx.norm_type, ctx.tau, ctx.reduce_sum = norm_type, tau, reduce_sum
-        return torch.matmul(weights.to(scores.dtype), value_tokens)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, key_tokens, value_tokens, scores, statistic, row_max, n = ctx.saved_tensors
-        norm_type, reduce_sum = ctx.norm_type, ctx.reduce_sum
-        a = _at_least_fp32(scores)
-        grad_weights = torch.matmul(grad_out, value_tokens.t()).to(a.dtype)
-        if norm_type == "softmax":
-            weights = torch.exp(a - row_max).mul_(n / statistic)
-            c = reduce_sum(torch.linalg.vecdot(grad_weights, weights).unsqueeze(-1))
-            grad_scores = grad_weights.sub_(c / n).mul_(weights)
-        else:
-            clamped = statistic.clamp(min=ZERO_ROW_GUARD)
-            scale = torch.rsqrt(clamped).mul_(n.sqrt())
-            # Below the zero-row guard the scale is a constant: no gradient through the statistic.
-            live = (statistic > ZERO_ROW_GUARD).to(a.dtype)
-            if norm_type == "l2_norm_gelu":
-                z = a * scale
-                weights = F.gelu(z)
-                grad_z = _gelu_grad(grad_weights, z)
-                c = reduce_sum(torch.linalg.vecdot(grad_z, a).unsqueeze(-1))
-                grad_scores = torch.addcmul(grad_z * scale, a, scale * c / clamped * live, value=-1)
-            else:
-                g = F.gelu(a)
-                weights = g * scale
-                c = reduce_sum(torch.linalg.vecdot(grad_weights, g).unsqueeze(-1))
-                grad_g = torch.addcmul(grad_weights * scale, g, scale * c / clamped * live, value=-1)
-                grad_scores = _gelu_grad(grad_g, a)
-        grad_scores = grad_scores.to(scores.dtype)
+        x, kept, statistics, rows, n, *tokens = ctx.saved_tensors
+        keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
+        grad_x, grad_keys, grad_values = None, [], []
+        for b, (key, value) in enumerate(zip(keys, values)):
+            grad_value, grad_scores = _normalize_backward(_at_least_fp32(kept[b]), grad_out[b], value, ctx.norm_type,
+                                                          statistics[b], rows[b], n[b], ctx.reduce_sum)
+            grad_values.append(grad_value)
+            grad_keys.append(torch.mm(grad_scores.t(), x))
+            grad_x = torch.mm(grad_scores, key) if grad_x is None else grad_x.addmm_(grad_scores, key)
         if ctx.tau != 1.0:
-            grad_scores = grad_scores * ctx.tau
-        flat_x = x.reshape(-1, x.shape[-1])
-        flat_grad_scores = grad_scores.reshape(-1, grad_scores.shape[-1])
-        grad_x = torch.matmul(grad_scores, key_tokens)
-        grad_key = torch.matmul(flat_grad_scores.t(), flat_x)
-        grad_value = torch.matmul(weights.to(scores.dtype).reshape(-1, weights.shape[-1]).t(),
-                                  grad_out.reshape(-1, grad_out.shape[-1]))
-        return grad_x, grad_key, grad_value, None, None, None, None, None
+            grad_x.mul_(ctx.tau)
+        return grad_x, None, None, None, None, None, *grad_keys, *grad_values
+
+
+def fused_pattentions(
+    x: Tensor,
+    key_tokens: Sequence[Tensor],
+    value_tokens: Sequence[Tensor],
+    norm_type: str,
+    tau: float,
+    norm_token_counts: Sequence[int | Tensor],
+    reduce_sum: Reduce = _unchanged,
+    reduce_max: Reduce = _unchanged,
+) -> Tensor:
+    """Several Pattentions of the same input x [..., d_in] (same Θ and τ, equal token-matrix shapes) in one
+    node: [B, ..., d_out], B = len(key_tokens); each equals `fused_pattention` with its own tokens."""
+    _check_norm_type(norm_type)
+    counts = torch.stack([torch.as_tensor(n, device=x.device) for n in norm_token_counts])
+    out = _FusedPattention.apply(x.reshape(-1, x.shape[-1]), norm_type, float(tau), counts, reduce_sum, reduce_max,
+                                 *key_tokens, *value_tokens)
+    return out.view(len(key_tokens), *x.shape[:-1], value_tokens[0].shape[-1])
 
 
 def fused_pattention(
@@ -225,14 +292,13 @@ def fused_pattention(
     reduce_sum: Reduce = _unchanged,
     reduce_max: Reduce = _unchanged,
 ) -> Tensor:
-    """Same contract as `pattention.pattention`, computed by the memory-efficient autograd node.
+    """Same contract as `pattention.pattention`, computed by the fused autograd node.
 
     `reduce_sum` / `reduce_max` combine per-row statistics across the ranks that hold the other
     blocks of parameter tokens (plain, non-autograd all-reduces); identity for a whole layer.
     """
-    _check_norm_type(norm_type)
-    return _FusedPattention.apply(x, key_tokens, value_tokens, norm_type, float(tau), norm_token_count,
-                                  reduce_sum, reduce_max)
+    return fused_pattentions(x, [key_tokens], [value_tokens], norm_type, tau, [norm_token_count],
+                             reduce_sum, reduce_max).squeeze(0)
 
 
 class Pattention(nn.Module):
