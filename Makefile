@@ -43,7 +43,7 @@ bench: $(STAMP) requirements/requirements-bench.txt
 	$(PY) benchmarks/data_preprocess_throughput.py
 	$(PY) benchmarks/sample_fetch.py
 	$(PY) benchmarks/tp_comm.py
-	if [ -f benchmarks/grow.py ]; then rm -rf $(BENCH_DIR)/grow && $(PY) benchmarks/grow.py --workdir $(BENCH_DIR)/grow; fi
+	rm -rf $(BENCH_DIR)/grow && $(PY) benchmarks/grow.py --workdir $(BENCH_DIR)/grow
 
 # Issue 11: progressive scaling vs training from scratch on the demo corpus (~30 min on 2 cores);
 # benchmarks/incremental_scaling/README.md. Another corpus: make scaling-study STUDY_ARGS="--data-path P --vocab-file F".
