@@ -81,6 +81,9 @@ def test_exports_load_as_the_checkpoint(flag, tensor_parallel_checkpoint, tmp_pa
     if not flag:
         state = torch.load(weights, weights_only=True)
         assert all(t.dtype in (torch.float32, torch.int64) for t in state.values())
+    with pytest.raises(FileExistsError, match=r"the output directory .*export exists and is not empty"):
+        export_checkpoint.main([str(tensor_parallel_checkpoint.save), str(tmp_path / "export"), "--safetensors"])
+    assert torch.equal(load_model(weights)(PROBE), expected)
 
 
 def test_a_config_that_does_not_describe_the_checkpoint_is_refused(tensor_parallel_checkpoint):

@@ -162,3 +162,21 @@ def test_a_file_in_another_layout_is_refused_by_name(tmp_path):
     with pytest.raises(KeyError, match="has no sequential.0.word_embeddings.weight: it is not the official"):
         convert_official_checkpoint.main(["--input", str(tmp_path / "ours.bin"), "--config",
                                           str(tmp_path / "official.yml"), "--save", str(tmp_path / "out")])
+
+
+def test_neither_direction_overwrites_what_is_there(tmp_path):
+    torch.save(official_state_dict(write_config(tmp_path, RELEASED)), tmp_path / "pytorch_model.bin")
+    imported = ["--input", str(tmp_path / "pytorch_model.bin"), "--config", str(tmp_path / "official.yml")]
+    run = tmp_path / "run"
+    (run / "global_step300").mkdir(parents=True)
+    (run / "latest").write_text("global_step300")
+    with pytest.raises(FileExistsError, match=r"--save .*run exists and is not empty; choose a new or empty"):
+        convert_official_checkpoint.main([*imported, "--save", str(run)])
+    assert (run / "latest").read_text() == "global_step300" and not any((run / "global_step300").iterdir())
+
+    convert_official_checkpoint.main([*imported, "--save", str(tmp_path / "imported")])
+    (tmp_path / "mine.bin").write_bytes(b"keep me")
+    with pytest.raises(FileExistsError, match=r"mine.bin exists: remove it or give another --save"):
+        convert_official_checkpoint.main(["--export", "--input", str(tmp_path / "imported"), "--save",
+                                          str(tmp_path / "mine.bin")])
+    assert (tmp_path / "mine.bin").read_bytes() == b"keep me"

@@ -12,10 +12,12 @@ configs/tokenformer/*_eval.yml load as they are); the vocabulary size comes from
 stored in fp32, which holds the release's fp16 values exactly.
 Export reads any checkpoint or weights load_model reads and writes the official layout in fp32: exporting
 an import gives back the imported tensors exactly. Key layout: megatron/inference/official_layout.py.
-Files are read with torch.load(weights_only=True).
+Files are read with torch.load(weights_only=True). Neither direction overwrites: import needs a new or empty
+SAVE directory, export a SAVE file that does not exist yet.
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,9 +51,13 @@ def import_official(weights: Path, config: Path, save: Path, model_parallel_size
 
 def export_official(checkpoint: Path, save: Path, config: Path | None = None) -> Path:
     """The model saved at `checkpoint` in the official layout, written to the file `save`."""
+    if save.exists():
+        raise FileExistsError(f"{save} exists: remove it or give another --save (export does not overwrite)")
     state, cfg = load_state(checkpoint, config)
     save.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(to_official(state, cfg.num_layers), save)
+    partial = save.with_name(save.name + ".partial")
+    torch.save(to_official(state, cfg.num_layers), partial)
+    os.replace(partial, save)  # an interrupted export leaves no file under the final name
     return save
 
 

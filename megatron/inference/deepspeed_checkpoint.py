@@ -26,6 +26,7 @@ from torch import Tensor
 
 from megatron.config import Config
 from megatron.model.pipeline import model_parameter_name
+from megatron.output_directory import require_new_or_empty
 
 MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
@@ -80,11 +81,16 @@ def read_tensor_rank_states(tag_dir: Path, num_layers: int) -> list[dict[str, Te
 
 def write_checkpoint(shards: list[Mapping[str, Tensor]], config: Config, save_dir: str | Path,
                      tag: str = "global_step0") -> Path:
-    """`save_dir`/`tag`/mp_rank_XX_model_states.pt for each tensor rank, config.json, and `latest`."""
+    """`save_dir`/`tag`/mp_rank_XX_model_states.pt for each tensor rank, config.json, and `latest` (last).
+
+    `save_dir` must be new or empty: writing into a run's directory would repoint its `latest` at these
+    weights, and the run would resume from them.
+    """
     import deepspeed
 
-    tag_dir = Path(save_dir) / tag
-    tag_dir.mkdir(parents=True, exist_ok=True)
+    save_dir = require_new_or_empty(save_dir)
+    tag_dir = save_dir / tag
+    tag_dir.mkdir(parents=True)
     for rank, shard in enumerate(shards):
         torch.save({
             "module": dict(shard),
@@ -94,5 +100,5 @@ def write_checkpoint(shards: list[Mapping[str, Tensor]], config: Config, save_di
             "iteration": 0, "consumed_train_samples": 0,
         }, tag_dir / f"mp_rank_{rank:02d}_model_states.pt")
     (tag_dir / "config.json").write_text(config.to_json(), encoding="utf-8")
-    (Path(save_dir) / "latest").write_text(tag, encoding="utf-8")
+    (save_dir / "latest").write_text(tag, encoding="utf-8")
     return tag_dir

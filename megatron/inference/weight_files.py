@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from megatron.config import Config, load_config
+from megatron.output_directory import require_new_or_empty
 
 CONFIG_NAME = "config.json"
 TORCH_WEIGHTS = "pytorch_model.bin"
@@ -66,8 +67,11 @@ def read_config(path: str | Path) -> Config:
 
 
 def write_weights(state: Mapping[str, Tensor], config: Config, directory: str | Path, safetensors: bool) -> Path:
-    """`directory`/model.safetensors (or pytorch_model.bin) and `directory`/config.json; returns the weights."""
-    directory = Path(directory)
+    """`directory`/model.safetensors (or pytorch_model.bin) and `directory`/config.json; returns the weights.
+
+    `directory` must be new or empty (another export's files would be replaced, or left beside these).
+    """
+    directory = require_new_or_empty(directory, "the output directory")
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
     if safetensors:
