@@ -229,7 +229,7 @@ def test_the_cli_refuses_what_it_cannot_do(source, tmp_path):
         grow_checkpoint(source.save, source.save / "grown", [TINY])
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "file").write_text("")
-    with pytest.raises(ValueError, match="exists and is not empty"):
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
         grow({})
     shutil.rmtree(tmp_path / "out")
 

@@ -36,6 +36,7 @@ from megatron.growth.record import read_growth_record  # noqa: E402
 from megatron.growth.source import (SourceCheckpoint, checkpoint_directory, read_checkpoint,  # noqa: E402
                                     verify_checkpoint)
 from megatron.growth.target import CheckpointWriter  # noqa: E402
+from megatron.output_directory import require_new_or_empty  # noqa: E402
 
 
 Item = TypeVar("Item")
@@ -58,8 +59,7 @@ def check_destination(load: Path, save: Path) -> None:
     if destination == source or source in destination.parents:
         raise ValueError(f"--save {save} is inside --load {load}; the source checkpoint is never modified: "
                          "write the grown checkpoint to a new directory elsewhere")
-    if save.exists() and (not save.is_dir() or any(save.iterdir())):
-        raise ValueError(f"--save {save} exists and is not empty; choose a new directory (nothing is overwritten)")
+    require_new_or_empty(save, "--save")
 
 
 def _layout(config) -> str:
