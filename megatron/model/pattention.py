@@ -153,7 +153,9 @@ def pattention(
 # shapes: a choice that depended on N (say, scaling dY [tokens, d_out] instead
 # when d_out < N) would round differently once growth appends zero-key tokens,
 # and the old tokens' gradients would no longer be bit-identical to the un-grown
-# layer's (tests/test_fused_pattention.py). Rows whose s is below
+# layer's (tests/test_fused_pattention.py). The GEMMs themselves may still block
+# a longer reduction differently (MKL: S·V over 512 zero-padded tokens vs 256),
+# a rounding difference the plain formula shares. Rows whose s is below
 # ZERO_ROW_GUARD get no gradient through s, as with the plain formula's clamp.
 # Several Pattentions of the same input (attention's Q, K, V) run in one node,
 # one Pattention at a time, so backward's buffers stay those of one.
