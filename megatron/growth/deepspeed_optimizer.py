@@ -12,7 +12,7 @@ and moments (engine_optimizer.py says which optimizer keeps what).
         numbered in the order of the names saved beside it (OPTIMIZER_PARAMETER_NAMES).
 
 XX is DeepSpeed's model-parallel rank: stage · model_parallel_size + tensor rank under a pipeline, the
-tensor rank without one. Files are memory-mapped; `get` copies out one parameter.
+tensor rank without one. Files are memory-mapped; `get` gives one parameter's state, read-only.
 """
 
 from __future__ import annotations
@@ -62,16 +62,22 @@ class PartitionedState:
         return list(self._fragments)
 
     def get(self, mp_rank: int, name: str) -> FlatState:
-        """The parameter's fragments joined: its flat master and moments."""
+        """The parameter's fragments joined: its flat master and moments (views of the file where one data-parallel
+        rank holds it all)."""
         fragments = self._fragments[(mp_rank, name)]
         masters = [partition["single_partition_of_fp32_groups"][group].narrow(0, start, numel)
                    for partition, group, start, numel in fragments]
         states = [_group_state(partition, group) for partition, group, _, _ in fragments]
         if not all(states):
-            return FlatState(torch.cat(masters), None, None)
-        moments = [torch.cat([state[key].narrow(0, start, numel) for state, (_, _, start, numel)
-                              in zip(states, fragments)]) for key in ("exp_avg", "exp_avg_sq")]
-        return FlatState(torch.cat(masters), *moments)
+            return FlatState(_joined(masters), None, None)
+        moments = [_joined([state[key].narrow(0, start, numel) for state, (_, _, start, numel)
+                            in zip(states, fragments)]) for key in ("exp_avg", "exp_avg_sq")]
+        return FlatState(_joined(masters), *moments)
+
+
+def _joined(fragments: list[Tensor]) -> Tensor:
+    """One flat tensor of `fragments`: the only one itself, not a copy (torch.cat always copies)."""
+    return fragments[0] if len(fragments) == 1 else torch.cat(fragments)
 
 
 def _group_state(partition: dict, group: int) -> dict:
@@ -109,10 +115,10 @@ class PerParameterState:
 
     def get(self, mp_rank: int, name: str) -> FlatState:
         state, copy = self._entries[(mp_rank, name)]
-        master = None if copy is None else copy.flatten().clone()
+        master = None if copy is None else copy.flatten()
         if not state:
             return FlatState(master, None, None)
-        return FlatState(master, state["exp_avg"].flatten().clone(), state["exp_avg_sq"].flatten().clone())
+        return FlatState(master, state["exp_avg"].flatten(), state["exp_avg_sq"].flatten())
 
 
 def deepspeed_optimizer_state(tag_dir: Path, headers: list[dict]) -> PartitionedState | PerParameterState | None:

@@ -42,3 +42,8 @@ class ParameterState:
         """`function` applied to the weight and to each moment present (e.g. taking one block of each)."""
         return ParameterState(*(None if tensor is None else function(tensor)
                                 for tensor in (self.weight, self.exp_avg, self.exp_avg_sq)))
+
+
+def as_fp32(saved: Tensor) -> Tensor:
+    """A floating-point tensor in fp32 (itself, not a copy, if it is), anything else (an integer buffer) as is."""
+    return saved.float() if saved.is_floating_point() else saved

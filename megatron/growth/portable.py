@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from megatron.growth.model_files import load_file
-from megatron.growth.parameter_state import ParameterState
+from megatron.growth.parameter_state import ParameterState, as_fp32
 
 MARKER = "training_state.json"
 FORMAT = 1
@@ -66,9 +66,10 @@ class PortableMoments:
                              "N or null}); restore the file the grow tool wrote")
         self.tag_dir, self.step = Path(tag_dir), step
 
-    def with_moments(self, name: str, tensor_rank: int, weight: Tensor) -> ParameterState:
+    def with_moments(self, name: str, tensor_rank: int, saved: Tensor) -> ParameterState:
+        """The block's state: `saved`, its fp32 weight (the master), with its moments (views of their file)."""
         path = moments_file(self.tag_dir, tensor_rank, name)
         if self.step is None or not path.is_file():
-            return ParameterState(weight)
+            return ParameterState(as_fp32(saved))
         moments = load_file(path)
-        return ParameterState(weight, moments["exp_avg"].clone(), moments["exp_avg_sq"].clone())
+        return ParameterState(as_fp32(saved), moments["exp_avg"], moments["exp_avg_sq"])

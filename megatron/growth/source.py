@@ -24,7 +24,7 @@ from megatron.config import Config
 from megatron.growth.deepspeed_optimizer import deepspeed_optimizer_state
 from megatron.growth.model_files import ModelFiles
 from megatron.growth.names import tokenformer_name
-from megatron.growth.parameter_state import ParameterState
+from megatron.growth.parameter_state import ParameterState, as_fp32
 from megatron.growth.portable import PortableMoments, is_portable
 from megatron.inference.deepspeed_checkpoint import tag_directory
 from megatron.inference.loading import inference_args
@@ -36,14 +36,15 @@ class CheckpointUnreadable(ValueError):
     """A source checkpoint that cannot be read: missing, incomplete, corrupted or not describing itself."""
 
 
-def _with_trailing(base: Tensor, flat: Tensor, what: str) -> Tensor:
-    """`base` with its last flat.numel() values (its trailing rows) replaced by `flat` (a fresh tensor)."""
+def _with_trailing(flat: Tensor, base: Tensor, what: str, *, zeros: bool = False) -> Tensor:
+    """fp32 `base` (or zeros of its shape) with its last flat.numel() values (its trailing rows) replaced by
+    `flat`; `flat` itself, viewed in `base`'s shape, when it covers all of it (no copy: the caller only reads)."""
     if flat.numel() > base.numel():
         raise CheckpointUnreadable(f"{what}: the optimizer holds {flat.numel()} values for a block of "
                                    f"{base.numel()}; the checkpoint's files do not belong together")
     if flat.numel() == base.numel():
-        return flat.view_as(base)
-    out = base.clone()
+        return flat.view(base.shape)
+    out = torch.zeros(base.shape) if zeros else base.to(torch.float32, copy=True)
     out.view(-1)[base.numel() - flat.numel():] = flat
     return out
 
@@ -60,18 +61,18 @@ class _DeepSpeedMoments:
             key = (tokenformer_name(module_name, config.num_layers, pipelined), mp_rank % tensor_ranks)
             self._where.setdefault(key, (mp_rank, module_name))  # a tied weight: the first stage's copy
 
-    def with_moments(self, name: str, tensor_rank: int, weight: Tensor) -> ParameterState:
+    def with_moments(self, name: str, tensor_rank: int, saved: Tensor) -> ParameterState:
+        """The block's state from `saved` (its module weight as stored) and the optimizer's fp32 master and
+        moments where it holds them; views of the files where they hold the block whole."""
         if (name, tensor_rank) not in self._where:
-            return ParameterState(weight)
+            return ParameterState(as_fp32(saved))
         flat = self._state.get(*self._where[(name, tensor_rank)])
         what = f"{name} of tensor rank {tensor_rank}"
-        if flat.master is not None:
-            weight = _with_trailing(weight, flat.master, what)
+        weight = as_fp32(saved) if flat.master is None else _with_trailing(flat.master, saved, what)
         if flat.exp_avg is None:
             return ParameterState(weight)
-        zeros = torch.zeros_like(weight)
-        return ParameterState(weight, _with_trailing(zeros, flat.exp_avg, what),
-                              _with_trailing(zeros, flat.exp_avg_sq, what))
+        return ParameterState(weight, _with_trailing(flat.exp_avg, saved, what, zeros=True),
+                              _with_trailing(flat.exp_avg_sq, saved, what, zeros=True))
 
 
 class SourceCheckpoint:
@@ -105,15 +106,14 @@ class SourceCheckpoint:
         return list(self._names)
 
     def block(self, name: str, tensor_rank: int) -> ParameterState:
-        """Tensor rank `tensor_rank`'s block of entry `name`, as this checkpoint's layout splits it."""
-        saved = self._files.block(name, tensor_rank)
-        weight = saved.float() if saved.is_floating_point() else saved
-        return self._moments.with_moments(name, tensor_rank, weight.clone() if weight is saved else weight)
+        """Tensor rank `tensor_rank`'s block of entry `name`, as this checkpoint's layout splits it: read-only,
+        often a view of a memory-mapped file (copy it to modify it or to save it on its own)."""
+        return self._moments.with_moments(name, tensor_rank, self._files.block(name, tensor_rank))
 
     def state(self, name: str) -> ParameterState:
-        """Entry `name`, whole: the tensor ranks' blocks joined."""
+        """Entry `name`, whole: the tensor ranks' blocks joined (read-only, like `block`)."""
         dim = self._dims[name]
-        if dim is None:
+        if dim is None or self.config.model_parallel_size == 1:
             return self.block(name, 0)
         blocks = [self.block(name, rank) for rank in range(self.config.model_parallel_size)]
         weight = torch.cat([block.weight for block in blocks], dim=dim)
