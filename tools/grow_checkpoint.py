@@ -21,6 +21,7 @@ import argparse
 import shutil
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,13 +44,14 @@ Item = TypeVar("Item")
 _DONE = object()
 
 
-def computed_ahead(items: Iterator[Item]) -> Iterator[Item]:
-    """`items`, each computed in a background thread while the caller handles the one before: reading and
-    growing the next entry overlap writing this one (torch and file I/O release the GIL)."""
+def computed_ahead(items: Iterator[Item], ahead: int = 2) -> Iterator[Item]:
+    """`items`, up to `ahead` of them computed in a background thread while the caller handles the one before:
+    reading and growing the next entries overlap writing this one (torch and file I/O release the GIL), and
+    a large entry's write does not leave the reading thread idle."""
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(next, items, _DONE)
-        while (item := pending.result()) is not _DONE:
-            pending = pool.submit(next, items, _DONE)
+        pending = deque(pool.submit(next, items, _DONE) for _ in range(ahead))
+        while (item := pending.popleft().result()) is not _DONE:
+            pending.append(pool.submit(next, items, _DONE))
             yield item
 
 

@@ -12,20 +12,22 @@ written as DeepSpeed writes it: with pipe_parallel_size 0 into mp_rank_XX_model_
 iteration and consumed samples), else into the per-layer files of model/pipeline.py's numbering beside one
 weightless mp_rank file per stage and tensor rank. Weights are fp32 (the masters: DeepSpeed casts them on
 load). Adam's moments go to portable.py's layout-independent files, written as they come. A layer's files are
-written as soon as their entries are complete, so memory stays near the largest file (a pipeline layer; the
-whole model with pipe_parallel_size 0). Everything is written under a temporary name and published with its
-manifest (each file hashed as it is written, not read back) and `latest` by checkpoint_commit.py; leaving the
-`with` block without commit() (an error) deletes it.
+written as soon as their entries are complete, on background threads (background_writer.py: a few files at
+once), so memory stays near a few of the largest files (a pipeline layer; the whole model with
+pipe_parallel_size 0). Everything is written under a temporary name and published with its manifest (each
+file hashed as it is written, not read back) and `latest` by checkpoint_commit.py; leaving the `with` block
+without commit() (an error, here or in a writing thread) deletes it.
 Works without a process group.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from functools import partial
 from itertools import chain
 from pathlib import Path
+from typing import BinaryIO
 
 import deepspeed
 import torch
@@ -33,9 +35,9 @@ from deepspeed.pipe import LayerSpec
 from torch import Tensor
 
 from megatron.checkpoint_commit import commit, staging_directory
-from megatron.checkpoint_manifest import FileRecord, RecordedFile
 from megatron.config import Config
-from megatron.growth.parameter_state import ParameterState
+from megatron.growth.background_writer import BackgroundWriter
+from megatron.growth.parameter_state import ParameterState, as_fp32
 from megatron.growth.portable import moments_directory, moments_file, save_moments, write_marker
 from megatron.growth.record import write_growth_record
 from megatron.inference.loading import inference_args
@@ -45,6 +47,13 @@ from megatron.model.pipeline import layer_specs, pipeline_place
 from megatron.mpu import full_shape
 
 _ALL = -1  # the file group of a model without a pipeline: one file per tensor rank holding everything
+
+
+def _owning(tensor: Tensor) -> Tensor:
+    """`tensor` if it is all of its storage, contiguous, else a compact copy (what torch.save should write)."""
+    whole = (tensor.is_contiguous() and tensor.storage_offset() == 0
+             and tensor.untyped_storage().nbytes() == tensor.nbytes)
+    return tensor if whole else tensor.clone(memory_format=torch.contiguous_format)
 
 
 class CheckpointWriter:
@@ -80,8 +89,8 @@ class CheckpointWriter:
         self._remaining = {group: {n for n, (g, _) in self._places.items() if g == group} for group in groups}
         self._pending = {group: [{} for _ in range(self._ranks)] for group in groups}
         self._written: set[str] = set()
-        self._records: dict[str, FileRecord] = {}
         self._staging: Path | None = None
+        self._files: BackgroundWriter | None = None
         self._committed = False
 
     def __enter__(self) -> CheckpointWriter:
@@ -91,9 +100,12 @@ class CheckpointWriter:
         if self.optimizer_step is not None:
             for rank in range(self._ranks):
                 moments_directory(self._staging, rank).mkdir(parents=True)
+        self._files = BackgroundWriter(self._staging)
         return self
 
     def __exit__(self, *exception: object) -> None:
+        if self._files is not None:
+            self._files.__exit__(*exception)  # no thread writes into the directory deleted next
         if not self._committed and self._staging is not None:
             shutil.rmtree(self._staging, ignore_errors=True)
 
@@ -114,10 +126,11 @@ class CheckpointWriter:
                              "step, or drop the moments (ParameterState.without_moments) to reset the optimizer")
 
     def _blocks(self, name: str, tensor: Tensor) -> list[Tensor]:
-        """The tensor ranks' blocks of `tensor`, each its own storage (a view would save all of its base)."""
-        tensor = tensor.detach().float() if tensor.is_floating_point() else tensor.detach()
-        if self._dims[name] is None:
-            return [tensor.clone()] * self._ranks
+        """The tensor ranks' blocks of `tensor`, each its own storage (a view would save all of its base: a
+        source file, or the whole tensor). A tensor that is its storage is not copied."""
+        tensor = as_fp32(tensor.detach())
+        if self._dims[name] is None or self._ranks == 1:
+            return [_owning(tensor)] * self._ranks
         return [shard[name] for shard in split_state({name: tensor}, {name: self._dims[name]}, self._ranks)]
 
     def write(self, name: str, state: ParameterState) -> None:
@@ -129,8 +142,8 @@ class CheckpointWriter:
         if state.has_moments:
             moments = zip(self._blocks(name, state.exp_avg), self._blocks(name, state.exp_avg_sq), strict=True)
             for rank, (exp_avg, exp_avg_sq) in enumerate(moments):
-                with self._recorded(moments_file(self._staging, rank, name)) as stream:
-                    save_moments(stream, exp_avg, exp_avg_sq)
+                self._submit(moments_file(self._staging, rank, name).relative_to(self._staging),
+                             partial(save_moments, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq))
         self._written.add(name)
         self._remaining[group].discard(name)
         if not self._remaining[group]:
@@ -151,16 +164,12 @@ class CheckpointWriter:
             else:
                 self._save(entries, f"layer_{group:02d}-model_{rank:02d}-model_states.pt")
 
-    @contextmanager
-    def _recorded(self, path: Path) -> Iterator[RecordedFile]:
-        """A new staging file, hashed as it is written: commit() then need not read it back."""
-        with RecordedFile(self._staging, str(path.relative_to(self._staging))) as stream:
-            yield stream
-        self._records[stream.record.name] = stream.record
+    def _submit(self, name: Path | str, write: Callable[[BinaryIO], None]) -> None:
+        """Write staging file `name` in the background, hashed as it is written: commit() need not read it."""
+        self._files.submit(str(name), write)
 
     def _save(self, state: dict, name: str) -> None:
-        with self._recorded(self._staging / name) as stream:
-            torch.save(state, stream)
+        self._submit(name, partial(torch.save, state))
 
     def commit(self) -> Path:
         """Write what remains, then publish the checkpoint (manifest, rename, `latest`); its directory."""
@@ -177,6 +186,6 @@ class CheckpointWriter:
         if self.growth_record is not None:
             write_growth_record(self._staging, self.growth_record)
         write_marker(self._staging, self.optimizer_step)
-        directory = commit(self.save_dir, self.tag, self._records)
+        directory = commit(self.save_dir, self.tag, self._files.records())
         self._committed = True
         return directory
