@@ -26,18 +26,19 @@ from megatron.growth.plan import GrowthPlan, pattention_entry
 from megatron.model.init_methods import initial_value
 
 
-def _resized(rows: Tensor, count: int, new_rows: Callable[[], Tensor] | None = None) -> Tensor:
-    """The first `count` rows of `rows`, or all of them followed by `new_rows()` (zeros when None), written
-    once into the new tensor (memory bandwidth dominates growing a large checkpoint)."""
+def _resized(rows: Tensor, count: int, initialize: Callable[[Tensor], object] | None = None) -> Tensor:
+    """The first `count` rows of `rows`, or all of them followed by new rows: zeros, or what `initialize`
+    draws into the whole new tensor (the old rows then overwrite their part). No temporary: memory bandwidth
+    and fresh pages dominate growing a large checkpoint."""
     old = rows.shape[0]
     if count <= old:
         return rows if count == old else rows[:count].clone()
     grown = rows.new_empty(count, *rows.shape[1:])
-    grown[:old] = rows
-    if new_rows is None:
+    if initialize is None:
         grown[old:].zero_()
     else:
-        grown[old:] = new_rows()
+        initialize(grown)
+    grown[:old] = rows
     return grown
 
 
@@ -54,12 +55,12 @@ def grown_state(name: str, state: ParameterState, plan: GrowthPlan) -> Parameter
     count = plan.new_tokens[slot_key]
     if leaf == "norm_token_count":
         return ParameterState(torch.clamp(state.weight, max=count))
-    old, width = state.weight.shape
+    width = state.weight.shape[1]
     if leaf == "key_param_tokens" or plan.zero_new_values:
         weight = _resized(state.weight, count)
     else:  # rows old.. of the init a fresh model of the target size draws
-        weight = _resized(state.weight, count, lambda: initial_value(
-            name, (count, width), plan.roles[name], plan.target.seed, plan.model_args)[old:])
+        weight = _resized(state.weight, count, lambda grown: initial_value(
+            name, (count, width), plan.roles[name], plan.target.seed, plan.model_args, out=grown))
     if not state.has_moments:
         return ParameterState(weight)
     return ParameterState(weight, _resized(state.exp_avg, count), _resized(state.exp_avg_sq, count))

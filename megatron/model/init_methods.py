@@ -70,11 +70,17 @@ def parameter_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def initial_value(name: str, shape: Sequence[int], role: InitRole, seed: int, args: TokenFormerArgs) -> Tensor:
+def initial_value(name: str, shape: Sequence[int], role: InitRole, seed: int, args: TokenFormerArgs,
+                  out: Tensor | None = None) -> Tensor:
     """The full fp32 CPU tensor parameter `name` (relative to TokenFormerModel) starts from; parallel
-    layouts slice it."""
+    layouts slice it. With `out` (a contiguous fp32 CPU tensor of `shape`) it is drawn into `out`: growth
+    draws into the grown tensor itself, with no full-size temporary."""
+    if out is not None and (tuple(out.shape) != tuple(shape) or out.dtype != torch.float32
+                            or out.device.type != "cpu" or not out.is_contiguous()):
+        raise ValueError(f"initial_value({name!r}): out must be a contiguous fp32 CPU tensor of shape "
+                         f"{tuple(shape)}, not {out.dtype} {tuple(out.shape)} on {out.device}")
     generator = torch.Generator(device="cpu").manual_seed(parameter_seed(seed, name))
-    values = torch.empty(tuple(shape), dtype=torch.float32)
+    values = torch.empty(tuple(shape), dtype=torch.float32) if out is None else out
     _role_function(role, args)(values, generator)
     return values
 
