@@ -284,8 +284,9 @@ def test_an_interrupted_write_publishes_nothing(data_2_zero_1, tmp_path):
     assert [p.name for p in killed.iterdir()] == [".tmp-global_step3"] and resume_tag(str(killed)) is None
 
 
-# 8 layers of 0.8 M parameters: the whole training state (~80 MB) is many times the largest parameter's.
-WIDE = ("num_layers=8", "hidden_size=128", "qkv_slot_num=512", "proj_slot_num=512", "ffn_slot_num=1024",
+# 16 layers of 0.8 M parameters: the whole training state (~160 MB) is many times the few files the writer
+# holds at once (its background threads write a layer's or an entry's file each).
+WIDE = ("num_layers=16", "hidden_size=128", "qkv_slot_num=512", "proj_slot_num=512", "ffn_slot_num=1024",
         "train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=1")
 
 
@@ -327,4 +328,4 @@ def test_reading_and_writing_hold_about_one_parameter(demo_data, tmp_path):
     run = SourceRun(2, tmp_path / "source", demo_data, *WIDE, iterations=1)
     target = config(run_overrides(demo_data, tmp_path, *WIDE, "model_parallel_size=2", "pipe_parallel_size=1"), 2)
     [(peak, whole)] = run_on_ranks(1, peak_memory_of_resharding, run.checkpoints, tmp_path / "target", target)
-    assert whole > 70e6 and peak < whole / 4, (peak, whole)
+    assert whole > 140e6 and peak < whole / 4, (peak, whole)

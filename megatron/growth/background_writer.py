@@ -25,7 +25,7 @@ from megatron.checkpoint_manifest import FileRecord, RecordedFile
 class BackgroundWriter:
     """See the module docstring. Leaving the `with` block waits for running writes and drops queued ones."""
 
-    def __init__(self, directory: Path, threads: int = 2, queued: int = 1) -> None:
+    def __init__(self, directory: Path, threads: int = 2, queued: int = 0) -> None:
         self._directory = directory
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="checkpoint-writer")
         self._room = threading.Semaphore(threads + queued)
