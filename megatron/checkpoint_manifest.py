@@ -65,13 +65,6 @@ class RecordedFile:
     def flush(self) -> None:
         self._stream.flush()
 
-    def sync(self) -> None:
-        """Put the file on disk and drop it from the page cache: nothing reads it again soon, and the cache
-        keeps what is read (a source checkpoint) instead."""
-        self._stream.flush()
-        os.fsync(self._stream.fileno())
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self._stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
     def __enter__(self) -> RecordedFile:
         return self
@@ -82,6 +75,15 @@ class RecordedFile:
     @property
     def record(self) -> FileRecord:
         return FileRecord(self._name, self._size, self._digest.hexdigest())
+
+
+def sync_and_drop(path: Path) -> None:
+    """Put a finished file on disk and drop it from the page cache: nothing reads it again soon, and the cache
+    keeps what is read (a source checkpoint) instead."""
+    with open(path, "rb") as stream:
+        os.fsync(stream.fileno())
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def record_file(directory: Path, name: str, known: Mapping[str, FileRecord] | None = None) -> list[FileRecord]:

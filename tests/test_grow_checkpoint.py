@@ -11,6 +11,7 @@ name what is wrong."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -243,6 +244,13 @@ def test_the_cli_refuses_what_it_cannot_do(source, tmp_path):
     with pytest.raises(CheckpointUnreadable, match=f"{victim.name} does not match its SHA-256 in the manifest"):
         grow_checkpoint(corrupt, tmp_path / "out", [TINY, target_yaml(tmp_path / "t.yml", source.values)])
     assert source.save.joinpath("global_step3").is_dir() and not (tmp_path / "out").exists()
+    shutil.rmtree(corrupt)
+    shutil.copytree(source.save, corrupt)
+    shard = next((corrupt / "global_step3").glob("*_optim_states.pt"))
+    os.truncate(shard, shard.stat().st_size // 2)
+    with pytest.raises(CheckpointUnreadable, match=f"{shard.name} has .* bytes, the manifest says"):
+        grow_checkpoint(corrupt, tmp_path / "out", [TINY, target_yaml(tmp_path / "t.yml", source.values)])
+    assert not (tmp_path / "out").exists()
 
     softmax = load_config([TINY], [*overrides(source.values), "norm_activation_type=softmax"])
     softmax.padded_vocab_size = 2048

@@ -284,6 +284,25 @@ def test_an_interrupted_write_publishes_nothing(data_2_zero_1, tmp_path):
     assert [p.name for p in killed.iterdir()] == [".tmp-global_step3"] and resume_tag(str(killed)) is None
 
 
+def test_a_failed_background_write_publishes_nothing(data_2_zero_1, tmp_path, monkeypatch):
+    source, save = open_checkpoint(data_2_zero_1.checkpoints), tmp_path / "out"
+    real_save = torch.save
+
+    def failing_on_moments(state, stream, *args, **kwargs) -> None:  # on a BackgroundWriter thread
+        if "exp_avg" in state:
+            raise OSError(28, "No space left on device")
+        real_save(state, stream, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", failing_on_moments)
+    with pytest.raises(OSError, match="No space left on device"):
+        with CheckpointWriter(save, "global_step3", source.config, iteration=3, consumed_train_samples=48,
+                              optimizer_step=source.optimizer_step, growth_record=None) as writer:
+            for name in source.names():
+                writer.write(name, source.state(name))
+            writer.commit()
+    assert list(save.iterdir()) == []
+
+
 # 16 layers of 0.8 M parameters: the whole training state (~160 MB) is many times the few files the writer
 # holds at once (its background threads write a layer's or an entry's file each).
 WIDE = ("num_layers=16", "hidden_size=128", "qkv_slot_num=512", "proj_slot_num=512", "ffn_slot_num=1024",
