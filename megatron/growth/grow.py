@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import Tensor
 
-from megatron.growth import huge_pages
+from megatron.growth import reused_memory
 from megatron.growth.parameter_state import ParameterState
 from megatron.growth.plan import GrowthPlan, pattention_entry
 from megatron.model.init_methods import initial_value
@@ -34,7 +34,7 @@ def _resized(rows: Tensor, count: int, initialize: Callable[[Tensor], object] | 
     old = rows.shape[0]
     if count <= old:
         return rows if count == old else rows[:count].clone()
-    grown = huge_pages.empty((count, *rows.shape[1:]), rows.dtype, rows.device)
+    grown = reused_memory.empty((count, *rows.shape[1:]), rows.dtype, rows.device)
     if initialize is None:
         grown[old:].zero_()
     else:

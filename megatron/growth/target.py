@@ -36,7 +36,7 @@ from torch import Tensor
 
 from megatron.checkpoint_commit import commit, staging_directory
 from megatron.config import Config
-from megatron.growth import huge_pages
+from megatron.growth import reused_memory
 from megatron.growth.background_writer import BackgroundWriter
 from megatron.growth.parameter_state import ParameterState, as_fp32
 from megatron.growth.portable import moments_directory, moments_file, save_moments, write_marker
@@ -54,7 +54,7 @@ def _owning(tensor: Tensor) -> Tensor:
     """`tensor` if it is all of its storage, contiguous, else a compact copy (what torch.save should write)."""
     whole = (tensor.is_contiguous() and tensor.storage_offset() == 0
              and tensor.untyped_storage().nbytes() == tensor.nbytes)
-    return tensor if whole else huge_pages.copy_of(tensor)
+    return tensor if whole else reused_memory.copy_of(tensor)
 
 
 class CheckpointWriter:
