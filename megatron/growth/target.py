@@ -135,7 +135,8 @@ class CheckpointWriter:
         return [shard[name] for shard in split_state({name: tensor}, {name: self._dims[name]}, self._ranks)]
 
     def write(self, name: str, state: ParameterState) -> None:
-        """Entry `name`'s whole state; its file is written once its last entry arrives."""
+        """Entry `name`'s whole state; its file is written (in the background) once its last entry arrives.
+        The tensors are written as they are then, uncopied where they are their storage: do not modify them."""
         self._check(name, state)
         group, key = self._places[name]
         for rank, block in enumerate(self._blocks(name, state.weight)):
