@@ -4,7 +4,8 @@ Growing a checkpoint writes its whole output (35 GiB for the 1-5B model grown ×
 memory from the allocator costs a page fault and a zeroing per 4 KiB page, about as much CPU as the copy
 itself on our 2-core machine, and huge pages need compaction once the page cache fills RAM. The entries of
 a model repeat a few shapes, so the mappings of tensors already written serve the next layer's: after the
-first layers almost nothing is faulted again. Idle mappings beyond IDLE_LIMIT bytes are let go.
+first layers almost nothing is faulted again (the few new mappings ask for huge pages). Idle mappings
+beyond IDLE_LIMIT bytes are let go.
 """
 
 from __future__ import annotations
