@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron.checkpointing import checkpoint_tag  # noqa: E402
 from megatron.config import load_config  # noqa: E402
+from megatron.growth import reused_memory  # noqa: E402
 from megatron.growth.grow import grown_states  # noqa: E402
 from megatron.growth.plan import GrowthPlan, plan_growth  # noqa: E402
 from megatron.growth.record import read_growth_record  # noqa: E402
@@ -76,7 +77,7 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
     load, save = Path(load), Path(save)
     check_destination(load, save)
     tag_dir, created = checkpoint_directory(load, tag), not save.exists()
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool, reused_memory.pooled():
         verification = pool.submit(verify_checkpoint, tag_dir)  # hashing the source beside the growing
         try:
             return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,

@@ -6,6 +6,9 @@ itself on our 2-core machine, and huge pages need compaction once the page cache
 a model repeat a few shapes, so the mappings of tensors already written serve the next layer's: after the
 first layers almost nothing is faulted again (the few new mappings ask for huge pages). Idle mappings
 beyond IDLE_LIMIT bytes are let go.
+
+Reuse happens inside `with pooled():` only (the growth tool's run), and the idle mappings go when it ends;
+elsewhere (pretrain_partial_init in a training process) `empty` is torch.empty and nothing is kept.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import math
 import mmap
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -25,6 +29,7 @@ _SMALLEST = 4 * _PAGE  # smaller tensors come from torch's allocator
 _PRIVATE = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0)  # process memory (shared would be shmem)
 _lock = threading.Lock()
 _mappings: list[mmap.mmap] = []  # in use (a tensor's storage refers to it) or idle, oldest first
+_pooling = 0  # how many pooled() blocks are open
 
 
 def _references(index: int) -> int:
@@ -58,11 +63,27 @@ def _mapping(size: int) -> mmap.mmap:
         return memory
 
 
+@contextmanager
+def pooled() -> Iterator[None]:
+    """Reuse memory for large CPU tensors within the block; let go of the idle mappings when it ends (those
+    of tensors still alive stay theirs)."""
+    global _pooling
+    with _lock:
+        _pooling += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _pooling -= 1
+            if not _pooling:
+                _mappings.clear()
+
+
 def empty(shape: Sequence[int], dtype: torch.dtype = torch.float32,
           device: torch.device | str = "cpu") -> Tensor:
     """An uninitialised contiguous tensor that owns its whole storage (torch.save writes just it)."""
     numel = math.prod(shape)
-    if torch.device(device).type != "cpu" or numel * dtype.itemsize < _SMALLEST:
+    if not _pooling or torch.device(device).type != "cpu" or numel * dtype.itemsize < _SMALLEST:
         return torch.empty(tuple(shape), dtype=dtype, device=device)
     memory = _mapping(-(-numel * dtype.itemsize // _PAGE) * _PAGE + _PAGE)
     offset = -torch.frombuffer(memory, dtype=torch.uint8, count=1).data_ptr() % _PAGE
