@@ -17,6 +17,7 @@ install: $(STAMP)
 $(STAMP): $(REQUIREMENTS) pyproject.toml
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(foreach r,$(REQUIREMENTS),-r $(r))
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 $(DEMO_DATA): data_prep/demo_corpus.py | $(STAMP)
@@ -38,18 +39,18 @@ docs: $(STAMP)
 BENCH_DIR ?= /tmp/tokenformer-bench
 bench: $(STAMP) requirements/requirements-bench.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-bench.txt
-	$(PY) benchmarks/pattention.py
-	$(PY) benchmarks/train_throughput.py
-	$(PY) benchmarks/data_preprocess_throughput.py
-	$(PY) benchmarks/sample_fetch.py
-	$(PY) benchmarks/tp_comm.py
-	rm -rf $(BENCH_DIR)/grow && $(PY) benchmarks/grow.py --workdir $(BENCH_DIR)/grow
+	$(PY) -m benchmarks.pattention
+	$(PY) -m benchmarks.train_throughput
+	$(PY) -m benchmarks.data_preprocess_throughput
+	$(PY) -m benchmarks.sample_fetch
+	$(PY) -m benchmarks.tp_comm
+	rm -rf $(BENCH_DIR)/grow && $(PY) -m benchmarks.grow --workdir $(BENCH_DIR)/grow
 
 # Issue 11: progressive scaling vs training from scratch on the demo corpus (~30 min on 2 cores);
 # benchmarks/incremental_scaling/README.md. Another corpus: make scaling-study STUDY_ARGS="--data-path P --vocab-file F".
 scaling-study: $(DEMO_DATA) requirements/requirements-bench.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-bench.txt
-	$(PY) benchmarks/incremental_scaling/run_study.py $(STUDY_ARGS)
+	$(PY) -m benchmarks.incremental_scaling.run_study $(STUDY_ARGS)
 
 clean-demo:
 	rm -rf demo_run

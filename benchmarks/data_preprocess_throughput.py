@@ -1,6 +1,6 @@
 """Preprocessing throughput against the tokenizer's own batch-encoding rate on the same number of workers.
 
-    python benchmarks/data_preprocess_throughput.py [--megabytes 40] [--workers 1 2]
+    python -m benchmarks.data_preprocess_throughput [--megabytes 40] [--workers 1 2]
 
 The corpus is the demo corpus's documents (Python's own documentation)
 repeated to the requested size, written as .jsonl and .jsonl.zst; the
@@ -17,18 +17,16 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 
 import zstandard
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-from megatron.data.preprocess import preprocess_corpus  # noqa: E402
-from megatron.tokenizer import build_tokenizer  # noqa: E402
-from megatron.tokenizer.train import train_byte_level_bpe  # noqa: E402
+from megatron.data.preprocess import preprocess_corpus
+from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer.train import train_byte_level_bpe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 256

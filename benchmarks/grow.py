@@ -1,6 +1,6 @@
 """Growth benchmark: tools/grow_checkpoint.py on a 1-5B checkpoint vs `cp -r` of the same files.
 
-    .venv/bin/python benchmarks/grow.py --workdir /tmp/grow_bench [--data-parallel 8] [--factor 2] [--config CFG]
+    .venv/bin/python -m benchmarks.grow --workdir /tmp/grow_bench [--data-parallel 8] [--factor 2] [--config CFG]
 
 The source is configs/1-5B.yml as this machine would train it (bf16, ZeRO stage 1 over --data-parallel ranks,
 DeepSpeed's pipeline engine with one stage), synthesised by synthetic_checkpoint.py (22 GB). Then, each in a
@@ -22,9 +22,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron.config import load_config  # noqa: E402 - no torch: this process's memory stays small
+from megatron.config import load_config  # no torch: this process's memory stays small
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "1-5B.yml"

@@ -1,6 +1,6 @@
 """Build the GPT2Dataset and blending indices of a Pile-sized dataset and report seconds and peak memory.
 
-    python benchmarks/index_build.py [--documents 210000000] [--tokens 300e9] [--seq-length 2048]
+    python -m benchmarks.index_build [--documents 210000000] [--tokens 300e9] [--seq-length 2048]
 
 The dataset is synthetic: only its sizes array exists (210M documents whose
 lengths average 300B / 210M tokens), which is all index building reads. Each
@@ -24,12 +24,10 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.data.blending_index import build_blending_indices  # noqa: E402
-from megatron.data.compiled_helpers import load_helpers  # noqa: E402
-from megatron.data.gpt2_dataset import GPT2Dataset  # noqa: E402
-from megatron.data.sample_index import build_sample_idx  # noqa: E402
+from megatron.data.blending_index import build_blending_indices
+from megatron.data.compiled_helpers import load_helpers
+from megatron.data.gpt2_dataset import GPT2Dataset
+from megatron.data.sample_index import build_sample_idx
 
 _CHUNK = 1 << 24
 

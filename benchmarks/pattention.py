@@ -1,6 +1,6 @@
 """Pattention forward+backward time vs its six GEMMs alone, and activation memory vs the plain formula.
 
-    .venv/bin/python benchmarks/pattention.py [--tokens 1024] [--repeats 5] [--threads N] [--clock wall|cpu]
+    .venv/bin/python -m benchmarks.pattention [--tokens 1024] [--repeats 5] [--threads N] [--clock wall|cpu]
         [--baseline OTHER_VERSION/megatron/model/pattention.py]
 
 Shapes are the paper configs' Pattention layers (width d, n parameter tokens) for `--tokens` input
@@ -8,7 +8,7 @@ tokens (a micro-batch slice that fits this CPU); "×3" is attention's Q, K and V
 The GEMM-only baseline runs exactly the six matrix products a Pattention needs (forward X·Kᵀ and S·V;
 backward dY·Vᵀ, Sᵀ·dY, dA·K and dAᵀ·X) with no normalisation: the limit any implementation can reach.
 The three variants alternate and each keeps its fastest run (benchmarks/timing.py).
-Memory (megatron/model/activation_memory.py): "saved" is what autograd keeps from forward to backward,
+Memory (benchmarks/activation_memory.py): "saved" is what autograd keeps from forward to backward,
 "peak" the most bytes held at once during forward + backward; both fused / plain. "non-G" is the
 profiler's self time of the fused run's operators other than matrix products over the products' (a
 ratio within one run, so steadier under load than the timings). The last line gives the fused time
@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron.model.activation_memory import peak_activation_bytes, saved_activation_bytes  # noqa: E402
-from megatron.model.pattention import fused_pattentions, pattention  # noqa: E402
-from timing import add_arguments, fastest  # noqa: E402
+from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
+from benchmarks.timing import add_arguments, fastest
+from megatron.model.pattention import fused_pattentions, pattention
 
 NORM_TYPES = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
 SHAPES = [  # (name, d, n, Pattentions of one input)

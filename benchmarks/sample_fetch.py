@@ -1,6 +1,6 @@
 """Training-batch fetch rate of the data pipeline vs the rate training consumes tokens.
 
-    .venv/bin/python benchmarks/sample_fetch.py [--tokens 100e6] [--datasets 3] [--seq-length 2048]
+    .venv/bin/python -m benchmarks.sample_fetch [--tokens 100e6] [--datasets 3] [--seq-length 2048]
         [--micro-batch 8] [--batches 400] [--accelerator-tflops 400]
 
 The data is synthetic: `--datasets` prefixes of random documents (lengths drawn like web text, mean
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,13 +31,13 @@ from types import SimpleNamespace
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from megatron.data.data_utils import build_datasets_from_paths
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, index_file_path
+from megatron.model import TokenFormerArgs, flops_per_token
+from megatron.training.data import batch_iterator
 
-from megatron.data.data_utils import build_datasets_from_paths  # noqa: E402
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, index_file_path  # noqa: E402
-from megatron.model import TokenFormerArgs, flops_per_token  # noqa: E402
-from megatron.training.data import batch_iterator  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = ("150M", "450M", "900M", "1-5B")
 VOCAB = 50_304

@@ -11,7 +11,7 @@ model_parallel_size 1, ZeRO stage 1 over `data_parallel_size` ranks, bf16 with f
                                         ZeRO does (parameters in the optimizer's order, padded to a multiple
                                         of 2 × ranks, cut in equal parts): fp32 masters, Adam moments, the
                                         parameter -> slice map
-    rng_state_R.pt, config.json, manifest.json, latest   as checkpointing.py writes them
+    rng_state_R.pt, config.json, manifest.json, latest   as checkpoint/save_load.py writes them
 
 tests/test_synthetic_checkpoint.py checks that a tiny synthetic checkpoint has the structure of one the
 Trainer writes and that the Trainer resumes from it. Weights are random (N(0, 0.02), per parameter name);
@@ -22,31 +22,28 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import deepspeed
+import torch
+from deepspeed.runtime.fp16.loss_scaler import LossScaler
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.utils.tensor_fragment import fragment_address
+from torch import Tensor, nn
 
-import deepspeed  # noqa: E402
-import torch  # noqa: E402
-from deepspeed.runtime.fp16.loss_scaler import LossScaler  # noqa: E402
-from deepspeed.runtime.zero.config import ZeroStageEnum  # noqa: E402
-from deepspeed.utils.tensor_fragment import fragment_address  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-
-from megatron import mpu  # noqa: E402
-from megatron.checkpoint_commit import LATEST  # noqa: E402
-from megatron.checkpoint_manifest import record_file, write_durably, write_manifest  # noqa: E402
-from megatron.checkpointing import checkpoint_tag  # noqa: E402
-from megatron.config import Config, load_config  # noqa: E402
-from megatron.growth.engine_optimizer import OPTIMIZER_PARAMETER_NAMES  # noqa: E402
-from megatron.model import TokenFormerArgs, TokenFormerModel  # noqa: E402
-from megatron.model.pipeline import pipeline_place  # noqa: E402
-from megatron.rng_state import capture_rng_state  # noqa: E402
-from megatron.training.optimizer import build_optimizer, deepspeed_config  # noqa: E402
+from megatron import mpu
+from megatron.checkpoint.commit import LATEST
+from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES
+from megatron.checkpoint.manifest import record_file, write_durably, write_manifest
+from megatron.checkpoint.rng_state import capture_rng_state
+from megatron.checkpoint.save_load import checkpoint_tag
+from megatron.config import Config, load_config
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.pipeline import pipeline_place
+from megatron.training.optimizer import build_optimizer, deepspeed_config
 
 # DeepSpeed ZeRO pads each flat parameter group to a multiple of this times the data-parallel size.
 NCCL_START_ALIGNMENT_FACTOR = 2

@@ -1,11 +1,11 @@
 """Tensor-parallel bytes per layer per token, measured on real gloo ranks, vs the documented formula.
 
-    .venv/bin/python benchmarks/tp_comm.py [--sizes 2 4] [--tokens 128]
+    .venv/bin/python -m benchmarks.tp_comm [--sizes 2 4] [--tokens 128]
 
 For each paper config (its width, heads and slot counts), t ranks run one TokenFormer layer forward and
 backward while megatron/mpu/collectives.py logs every tensor-parallel collective; the bytes each rank
 sends (ring algorithm) per token are compared with docs/tensor_parallel.md's formula
-(megatron/model/tp_traffic.py) and with a Megatron transformer layer of the same width (formula only:
+(benchmarks/tp_traffic.py) and with a Megatron transformer layer of the same width (formula only:
 two all-reduces of d forward, two backward). The last line gives the largest deviation of the measured
 bytes from the formula, and TokenFormer's bytes over Megatron's.
 """
@@ -13,22 +13,21 @@ bytes from the formula, and TokenFormer's bytes over Megatron's.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.tp_traffic import megatron_bytes_per_token, tokenformer_bytes_per_token
+from megatron import mpu
+from megatron.model import TokenFormerArgs
+from megatron.model.layer import TokenFormerLayer
+from megatron.mpu.collectives import count_collectives
+from tests.distributed import run_on_ranks
 
-from megatron import mpu  # noqa: E402
-from megatron.model import TokenFormerArgs  # noqa: E402
-from megatron.model.layer import TokenFormerLayer  # noqa: E402
-from megatron.model.tp_traffic import megatron_bytes_per_token, tokenformer_bytes_per_token  # noqa: E402
-from megatron.mpu.collectives import count_collectives  # noqa: E402
-from tests.distributed import run_on_ranks  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = ("150M", "450M", "900M", "1-5B")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -1,7 +1,7 @@
 """Training-step throughput of TokenFormer vs transformers' GPTNeoXForCausalLM of equal size and FLOPs.
 
     .venv/bin/pip install -r requirements/requirements-bench.txt
-    .venv/bin/python benchmarks/train_throughput.py [--hidden 768 --heads 12 --layers 4 --seq 512 --batch 4]
+    .venv/bin/python -m benchmarks.train_throughput [--hidden 768 --heads 12 --layers 4 --seq 512 --batch 4]
         [--threads N] [--repeats 5] [--clock wall|cpu]
 
 The default width and heads are the 150M config's (d = 768, 12 heads), with 4 layers, 512-token
@@ -20,17 +20,13 @@ GPT-NeoX's.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token  # noqa: E402
-from timing import add_arguments, fastest  # noqa: E402
+from benchmarks.timing import add_arguments, fastest
+from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 
 
 def gemm_peak_flops(repeats: int, clock: str, size: int = 2048) -> float:

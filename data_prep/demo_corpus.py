@@ -26,12 +26,10 @@ import warnings
 from collections.abc import Iterator
 
 # Run as `python data_prep/demo_corpus.py` from anywhere: make the repository's `megatron` importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path  # noqa: E402
-from megatron.data.preprocess import output_prefix_for, preprocess_corpus  # noqa: E402
-from megatron.tokenizer.hf_tokenizer import HFTokenizer  # noqa: E402
-from megatron.tokenizer.train import minimum_vocab_size, train_byte_level_bpe  # noqa: E402
+from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
+from megatron.data.preprocess import output_prefix_for, preprocess_corpus
+from megatron.tokenizer.hf_tokenizer import HFTokenizer
+from megatron.tokenizer.train import minimum_vocab_size, train_byte_level_bpe
 
 MIN_DOCSTRING_CHARS = 200
 # Never imported: side effects on import (this prints, antigravity opens a browser, lib2to3 writes grammar

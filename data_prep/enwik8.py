@@ -16,18 +16,15 @@ import sys
 import zipfile
 
 import numpy as np
+from recipe import write_config_snippet
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from recipe import write_config_snippet  # noqa: E402
-
-from megatron.data.indexed_dataset import (  # noqa: E402
+from megatron.data.indexed_dataset import (
     MMapIndexedDatasetBuilder,
     best_fitting_dtype,
     data_file_path,
     index_file_path,
 )
-from megatron.tokenizer import build_tokenizer  # noqa: E402
+from megatron.tokenizer import build_tokenizer
 
 ENWIK8_BYTES = 100_000_000
 SPLIT_BYTES = {"train": 90_000_000, "valid": 5_000_000, "test": 5_000_000}

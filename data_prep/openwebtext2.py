@@ -17,9 +17,7 @@ import glob
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from recipe import add_tokenizer_arguments, tokenize_split, tokenizer_from, write_config_snippet  # noqa: E402
+from recipe import add_tokenizer_arguments, tokenize_split, tokenizer_from, write_config_snippet
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -22,9 +22,7 @@ import glob
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from recipe import add_tokenizer_arguments, tokenize_split, tokenizer_from, write_config_snippet  # noqa: E402
+from recipe import add_tokenizer_arguments, tokenize_split, tokenizer_from, write_config_snippet
 
 TRAIN_SHARDS = [os.path.join("train", f"{shard:02d}.jsonl.zst") for shard in range(30)]
 EVAL_FILES = {"valid": "val.jsonl.zst", "test": "test.jsonl.zst"}

@@ -2,13 +2,10 @@
 
 import argparse
 import os
-import sys
 
 # Recipes run as `python data_prep/NAME.py`: make the repository's `megatron` importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.data.preprocess import output_prefix_for, preprocess_corpus  # noqa: E402
-from megatron.tokenizer import SUPPORTED_TOKENIZER_TYPES, AbstractTokenizer, build_tokenizer  # noqa: E402
+from megatron.data.preprocess import output_prefix_for, preprocess_corpus
+from megatron.tokenizer import SUPPORTED_TOKENIZER_TYPES, AbstractTokenizer, build_tokenizer
 
 
 def add_tokenizer_arguments(parser: argparse.ArgumentParser, default_type: str = "HFTokenizer") -> None:

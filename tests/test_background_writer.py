@@ -1,4 +1,4 @@
-"""BackgroundWriter (megatron/growth/background_writer.py) and the manifest's hashing of large files: the
+"""BackgroundWriter (megatron/checkpoint/background_writer.py) and the manifest's hashing of large files: the
 records hashed while writing are those of the files on disk, failed writes surface, and reading a file in
 large chunks hashes it whole."""
 
@@ -11,8 +11,8 @@ from functools import partial
 import pytest
 import torch
 
-from megatron.checkpoint_manifest import FileRecord, file_problems
-from megatron.growth.background_writer import BackgroundWriter
+from megatron.checkpoint.background_writer import BackgroundWriter
+from megatron.checkpoint.manifest import FileRecord, file_problems
 
 
 def test_records_hashed_while_writing_are_those_of_the_files(tmp_path):

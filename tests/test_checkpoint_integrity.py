@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.checkpoint_manifest import checkpoint_files, record_file, write_manifest
-from megatron.checkpoint_safety import CheckpointRefused
-from megatron.checkpoint_selection import checkpoint_problems, resume_tag
+from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
+from megatron.checkpoint.safety import CheckpointRefused
+from megatron.checkpoint.selection import checkpoint_problems, resume_tag
 from tests.conftest import read_metrics
 from tests.distributed import run_on_ranks
 from tests.test_tensor_parallel_training import train

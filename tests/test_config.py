@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from megatron.config import Config, ConfigError, check_run_inputs, inactive_keys, load_config
 from megatron.config.docs import DOC_PATH, render
+from tests.official_configs import official_configs, write_official_configs
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "tokenformer-configs"
 OUR_CONFIGS = {"150M": 8, "450M": 16, "900M": 32, "1-5B": 64}  # size -> GPUs of the official run
 
 MINIMAL = {
@@ -312,16 +312,21 @@ def test_format_lists_every_key_sorted():
 # --- official and shipped configs --------------------------------------------
 
 
-def reference_configs() -> list[Path]:
-    return sorted(REFERENCE_DIR.glob("*.yml"))
+@pytest.fixture(scope="module")
+def reference_dir(tmp_path_factory) -> Path:
+    """The official release's 8 configs, in its format (tests/official_configs.py)."""
+    directory = tmp_path_factory.mktemp("tokenformer-configs")
+    write_official_configs(directory)
+    return directory
 
 
-def test_all_reference_configs_are_present():
-    assert len(reference_configs()) == 8, f"expected the 8 official configs in {REFERENCE_DIR}"
+def test_all_reference_configs_are_written(reference_dir):
+    assert sorted(p.name for p in reference_dir.glob("*.yml")) == sorted(official_configs())
 
 
-@pytest.mark.parametrize("path", reference_configs(), ids=lambda p: p.name)
-def test_reference_configs_load_unchanged(path):
+@pytest.mark.parametrize("name", sorted(official_configs()))
+def test_reference_configs_load_unchanged(reference_dir, name):
+    path = reference_dir / name
     loose = load_config([path])
     cfg = load_config([path], world_size=64)
     assert cfg.train_batch_size == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * 64
@@ -332,9 +337,9 @@ def test_reference_configs_load_unchanged(path):
 
 
 @pytest.mark.parametrize(("size", "gpus"), OUR_CONFIGS.items())
-def test_our_configs_load(size, gpus):
+def test_our_configs_load(reference_dir, size, gpus):
     files = [REPO / "configs" / f"{size}.yml", REPO / "configs" / "local_setup.yml"]
-    official = load_config([REFERENCE_DIR / f"{size}_train_pile.yml"], world_size=gpus)
+    official = load_config([reference_dir / f"{size}_train_pile.yml"], world_size=gpus)
     ours = load_config(files, world_size=gpus)
     for key in ("num_layers", "hidden_size", "num_attention_heads", "qkv_slot_num", "proj_slot_num", "ffn_slot_num",
                 "seq_length", "rotary_pct", "norm", "final_norm", "norm_activation_type", "init_method",

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint_selection import checkpoint_problems
+from megatron.checkpoint.selection import checkpoint_problems
 from tests.conftest import read_metrics
 from tests.distributed import run_on_ranks
 from tests.killable_job import start_job, wait_until

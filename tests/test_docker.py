@@ -13,8 +13,9 @@ import re
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from tests.conftest import REPO
 

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from megatron.checkpoint_selection import checkpoint_problems
+from megatron.checkpoint.selection import checkpoint_problems
 from megatron.config import ConfigError, load_config
 from tests.conftest import read_metrics
 from tests.distributed import run_on_ranks

@@ -27,15 +27,15 @@ import torch.distributed as dist
 import yaml
 from deepspeed.utils import safe_get_full_optimizer_state
 
-from megatron.checkpoint_selection import resume_tag
-from megatron.checkpointing import save_checkpoint
+from megatron.checkpoint.engine_optimizer import base_optimizer
+from megatron.checkpoint.growth_record import GrowthRecordError, read_growth_record, write_growth_record
+from megatron.checkpoint.names import holds_trailing_rows, module_model_names
+from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.save_load import save_checkpoint
+from megatron.checkpoint.selection import resume_tag
 from megatron.config import Config, ConfigError, load_config
-from megatron.growth.engine_optimizer import base_optimizer
 from megatron.growth.freezing import run_growth
-from megatron.growth.names import holds_trailing_rows, module_model_names
 from megatron.growth.plan import pattention_entry
-from megatron.growth.record import GrowthRecordError, read_growth_record, write_growth_record
-from megatron.growth.source import read_checkpoint
 from megatron.inference.loading import load_state
 from megatron.training.pretrain import Trainer
 from tests.conftest import REPO, read_metrics

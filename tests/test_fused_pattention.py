@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
 from megatron.model import TokenFormerArgs
-from megatron.model.activation_memory import peak_activation_bytes, saved_activation_bytes
 from megatron.model.attention import SelfAttention
 from megatron.model.pattention import fused_pattention, fused_pattentions, pattention
 from tests.distributed import run_on_ranks

@@ -25,10 +25,10 @@ import torch.distributed as dist
 import yaml
 
 from megatron import mpu
+from megatron.checkpoint.deepspeed_files import write_checkpoint
+from megatron.checkpoint.reader import CheckpointUnreadable, open_checkpoint
 from megatron.config import ConfigError, load_config
 from megatron.growth.plan import SOFTMAX_GROWTH
-from megatron.growth.source import CheckpointUnreadable, open_checkpoint
-from megatron.inference.deepspeed_checkpoint import write_checkpoint
 from megatron.inference.loading import load_state
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.training.data import batch_iterator

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from megatron.checkpoint.parameter_state import ParameterState
 from megatron.config import ConfigError, load_config
 from megatron.growth.grow import grown_state, grown_states
-from megatron.growth.parameter_state import ParameterState
 from megatron.growth.plan import SOFTMAX_GROWTH, pattention_entry, plan_growth
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.init_methods import InitRole, initial_value

@@ -1,5 +1,5 @@
-"""Reading and writing the full training state of checkpoints in any parallel layout (megatron/growth/:
-source.py, target.py, apply.py), against the real training loop on forked gloo ranks (tests/tiny.yml).
+"""Reading and writing the full training state of checkpoints in any parallel layout (megatron/checkpoint/:
+reader.py, writer.py, engine_state.py), against the real training loop on forked gloo ranks (tests/tiny.yml).
 
 Source runs (the Trainer, a few iterations) report their engines' fp32 masters, Adam moments and step right
 after their last save; `open_checkpoint` reads exactly those (DP=2 ZeRO-1, TP=2 ZeRO-0, TP=2 × PP=2 ZeRO-1,
@@ -25,15 +25,15 @@ import torch.multiprocessing as mp
 from deepspeed.utils import lazy_init_hp_params_optimizer_state, safe_get_full_fp32_param, safe_get_full_optimizer_state
 
 from megatron import mpu
-from megatron.checkpoint_selection import resume_tag
+from megatron.checkpoint.names import tokenformer_name
+from megatron.checkpoint.parameter_state import ParameterState
+from megatron.checkpoint.reader import CheckpointUnreadable, open_checkpoint
+from megatron.checkpoint.selection import resume_tag
+from megatron.checkpoint.tensor_parallel_layout import split_dimensions
+from megatron.checkpoint.writer import CheckpointWriter
 from megatron.config import load_config
-from megatron.growth.names import tokenformer_name
-from megatron.growth.parameter_state import ParameterState
-from megatron.growth.source import CheckpointUnreadable, open_checkpoint
-from megatron.growth.target import CheckpointWriter
 from megatron.inference import load_model
-from megatron.inference.loading import inference_args
-from megatron.inference.tensor_parallel_layout import split_dimensions
+from megatron.model import TokenFormerArgs
 from megatron.training.pretrain import Trainer
 from tests.conftest import REPO, read_metrics
 from tests.distributed import run_on_ranks
@@ -99,7 +99,7 @@ def whole(ranks: list[dict], source_config) -> tuple[dict[str, tuple], set[int]]
     for rank in ranks:
         for name, tensors in rank["entries"].items():
             blocks.setdefault(name, {}).setdefault(rank["tensor_rank"], tensors)
-    dims = split_dimensions(inference_args(source_config, source_config.padded_vocab_size))
+    dims = split_dimensions(TokenFormerArgs.for_inference(source_config, source_config.padded_vocab_size))
     joined = {}
     for name, by_rank in blocks.items():
         ordered = [by_rank[t] for t in sorted(by_rank)]

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint_selection import checkpoint_problems
+from megatron.checkpoint.selection import checkpoint_problems
 from megatron.config import load_config
 from megatron.training.numerics import NonFiniteTrainingError
 from megatron.training.pretrain import Trainer

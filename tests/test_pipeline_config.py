@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.checkpointing import load_checkpoint
+from megatron.checkpoint.save_load import load_checkpoint
 from megatron.config import Config, ConfigError
 from megatron.training.optimizer import parameter_groups
 from tests.conftest import REPO, run_deepy

@@ -73,7 +73,7 @@ def flops_per_step(demo_data: Path, size: str) -> float:
 def test_study_end_to_end_writes_table_plot_and_curves_on_the_shared_flops(demo_data, tmp_path):
     work = tmp_path / "study"
     result = subprocess.run(
-        [sys.executable, "benchmarks/incremental_scaling/run_study.py", "--work-dir", str(work),
+        [sys.executable, "-m", "benchmarks.incremental_scaling.run_study", "--work-dir", str(work),
          "--data-path", str(demo_data / "demo_text_document"), "--vocab-file", str(demo_data / "tokenizer.json"),
          "--train-iters", "4", "--grown-iters", "2", "--eval-interval", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=1200)

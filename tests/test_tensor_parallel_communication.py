@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 import torch
 
+from benchmarks.tp_traffic import tokenformer_bytes_per_token
 from megatron import mpu
 from megatron.model import TokenFormerArgs
 from megatron.model.layer import TokenFormerLayer
-from megatron.model.tp_traffic import tokenformer_bytes_per_token
 from megatron.mpu.collectives import Collective, count_collectives
 from tests.distributed import run_on_ranks
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.checkpointing import load_checkpoint
+from megatron.checkpoint.save_load import load_checkpoint
 from megatron.config import Config, ConfigError
 
 MINIMAL = {

@@ -8,7 +8,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 import torch.distributed as dist
 
 from megatron.config import load_config

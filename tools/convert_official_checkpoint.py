@@ -11,27 +11,25 @@ load_model, generate.py and eval.py (load=SAVE). The config gives the architectu
 configs/tokenformer/*_eval.yml load as they are); the vocabulary size comes from the weights. Weights are
 stored in fp32, which holds the release's fp16 values exactly.
 Export reads any checkpoint or weights load_model reads and writes the official layout in fp32: exporting
-an import gives back the imported tensors exactly. Key layout: megatron/inference/official_layout.py.
+an import gives back the imported tensors exactly. Key layout: megatron/checkpoint/official_layout.py.
 Files are read with torch.load(weights_only=True). Neither direction overwrites: import needs a new or empty
 SAVE directory, export a SAVE file that does not exist yet.
 """
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from megatron.config import load_config  # noqa: E402
-from megatron.inference.deepspeed_checkpoint import write_checkpoint  # noqa: E402
-from megatron.inference.loading import check_state_fits, inference_args, load_state  # noqa: E402
-from megatron.inference.official_layout import from_official, official_key, to_official  # noqa: E402
-from megatron.inference.tensor_parallel_layout import split_dimensions, split_state  # noqa: E402
-from megatron.inference.weight_files import read_weights  # noqa: E402
+from megatron.checkpoint.deepspeed_files import write_checkpoint
+from megatron.checkpoint.official_layout import from_official, official_key, to_official
+from megatron.checkpoint.tensor_parallel_layout import split_dimensions, split_state
+from megatron.checkpoint.weight_files import read_weights
+from megatron.config import load_config
+from megatron.inference.loading import check_state_fits, load_state
+from megatron.model import TokenFormerArgs
 
 
 def import_official(weights: Path, config: Path, save: Path, model_parallel_size: int | None = None) -> Path:
@@ -42,10 +40,10 @@ def import_official(weights: Path, config: Path, save: Path, model_parallel_size
     if embedding_key not in official:
         raise KeyError(f"{weights} has no {embedding_key}: it is not the official release's pytorch_model.bin")
     cfg.padded_vocab_size = official[embedding_key].shape[0]
-    state = {name: t.float() if t.is_floating_point() else t
-             for name, t in from_official(official, inference_args(cfg, cfg.padded_vocab_size)).items()}
+    args = TokenFormerArgs.for_inference(cfg, cfg.padded_vocab_size)
+    state = {name: t.float() if t.is_floating_point() else t for name, t in from_official(official, args).items()}
     check_state_fits(state, cfg, weights)
-    shards = split_state(state, split_dimensions(inference_args(cfg, cfg.padded_vocab_size)), cfg.model_parallel_size)
+    shards = split_state(state, split_dimensions(args), cfg.model_parallel_size)
     return write_checkpoint(shards, cfg, save)
 
 

@@ -8,16 +8,13 @@ also validates it (sizes against the .bin length, monotone pointers).
 """
 
 import argparse
-import os
 import sys
 
 import numpy as np
 
 # Run as `python tools/dataset_stats.py` from anywhere: make the repository's `megatron` importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.data.indexed_dataset import MMapIndexedDataset  # noqa: E402
-from megatron.tokenizer import SUPPORTED_TOKENIZER_TYPES, build_tokenizer  # noqa: E402
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.tokenizer import SUPPORTED_TOKENIZER_TYPES, build_tokenizer
 
 _HISTOGRAM_WIDTH = 40
 _CHUNK = 1 << 24

@@ -10,14 +10,11 @@ zero_to_fp32 recovers the fp32 master weights instead (docs/inference.md).
 """
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron.inference.loading import load_state  # noqa: E402
-from megatron.inference.weight_files import write_weights  # noqa: E402
+from megatron.checkpoint.weight_files import write_weights
+from megatron.inference.loading import load_state
 
 
 def main(argv: Sequence[str] | None = None) -> Path:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -27,19 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron.checkpointing import checkpoint_tag  # noqa: E402
-from megatron.config import load_config  # noqa: E402
-from megatron.growth import reused_memory  # noqa: E402
-from megatron.growth.grow import grown_states  # noqa: E402
-from megatron.growth.plan import GrowthPlan, plan_growth  # noqa: E402
-from megatron.growth.record import read_growth_record  # noqa: E402
-from megatron.growth.source import (SourceCheckpoint, checkpoint_directory, read_checkpoint,  # noqa: E402
-                                    verify_checkpoint)
-from megatron.growth.target import CheckpointWriter  # noqa: E402
-from megatron.output_directory import require_new_or_empty  # noqa: E402
-
+from megatron.checkpoint.growth_record import read_growth_record
+from megatron.checkpoint.output_directory import require_new_or_empty
+from megatron.checkpoint.reader import SourceCheckpoint, checkpoint_directory, read_checkpoint, verify_checkpoint
+from megatron.checkpoint.save_load import checkpoint_tag
+from megatron.checkpoint.writer import CheckpointWriter
+from megatron.config import load_config
+from megatron.growth.grow import grown_states
+from megatron.growth.plan import GrowthPlan, plan_growth
 
 Item = TypeVar("Item")
 _DONE = object()
@@ -77,7 +71,7 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
     load, save = Path(load), Path(save)
     check_destination(load, save)
     tag_dir, created = checkpoint_directory(load, tag), not save.exists()
-    with ThreadPoolExecutor(1) as pool, reused_memory.pooled():
+    with ThreadPoolExecutor(1) as pool:
         verification = pool.submit(verify_checkpoint, tag_dir)  # hashing the source beside the growing
         try:
             return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,

@@ -11,14 +11,11 @@ import argparse
 import contextlib
 import json
 import sys
-from pathlib import Path
 from collections.abc import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron.config import load_config  # noqa: E402
-from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token  # noqa: E402
-from megatron.model.parameter_count import count_parameters_by_component  # noqa: E402
+from megatron.config import load_config
+from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
+from megatron.model.parameter_count import count_parameters_by_component
 
 DEFAULT_PADDED_VOCAB_SIZE = 50304
 

@@ -18,11 +18,9 @@ import signal
 import sys
 
 # Run as `python tools/preprocess_data.py` from anywhere: make the repository's `megatron` importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.data.corpus_reader import TXT_DOCUMENT_MODES, expand_inputs  # noqa: E402
-from megatron.data.preprocess import abort_in_progress, output_prefix_for, preprocess_corpus  # noqa: E402
-from megatron.tokenizer import SUPPORTED_TOKENIZER_TYPES, build_tokenizer  # noqa: E402
+from megatron.data.corpus_reader import TXT_DOCUMENT_MODES, expand_inputs
+from megatron.data.preprocess import abort_in_progress, output_prefix_for, preprocess_corpus
+from megatron.tokenizer import SUPPORTED_TOKENIZER_TYPES, build_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:

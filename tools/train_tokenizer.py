@@ -18,11 +18,9 @@ from collections import Counter
 from collections.abc import Iterator
 
 # Run as `python tools/train_tokenizer.py` from anywhere: make the repository's `megatron` importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.data.corpus_reader import TXT_DOCUMENT_MODES, CorpusReader, expand_inputs, parse_record  # noqa: E402
-from megatron.tokenizer import build_tokenizer  # noqa: E402
-from megatron.tokenizer.train import minimum_vocab_size, train_byte_level_bpe, train_sentencepiece  # noqa: E402
+from megatron.data.corpus_reader import TXT_DOCUMENT_MODES, CorpusReader, expand_inputs, parse_record
+from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer.train import minimum_vocab_size, train_byte_level_bpe, train_sentencepiece
 
 KINDS = {"bpe": "HFTokenizer", "spm-unigram": "SPMTokenizer", "spm-bpe": "SPMTokenizer"}
 

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.incremental_scaling.comparison import Comparison
-from benchmarks.incremental_scaling.curves import Curve, flops_per_step, saved_config, validation_curve, validation_points
+from benchmarks.incremental_scaling.curves import (
+    Curve,
+    flops_per_step,
+    saved_config,
+    validation_curve,
+    validation_points,
+)
 from benchmarks.incremental_scaling.plot import plot_comparison
 from megatron.config import Config
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token

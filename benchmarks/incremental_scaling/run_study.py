@@ -1,6 +1,6 @@
 """Progressive scaling vs training from scratch, end to end with the framework's own tools (issue 11).
 
-    .venv/bin/python benchmarks/incremental_scaling/run_study.py [--data-path PREFIX --vocab-file FILE]
+    .venv/bin/python -m benchmarks.incremental_scaling.run_study [--data-path PREFIX --vocab-file FILE]
         [--work-dir DIR] [--train-iters T] [--grown-iters N] [--eval-interval K]
 
 (a) trains S from scratch (configs/small.yml); (b) grows S's last checkpoint to L (configs/large.yml, 4x the
@@ -25,11 +25,8 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.incremental_scaling.stages import (  # noqa: E402
-    GROW_TOOL, REPO, StageFailed, grow_command, run_stage, train_command)
-from megatron.config import ConfigError, check_run_inputs, load_config  # noqa: E402
+from benchmarks.incremental_scaling.stages import GROW_TOOL, REPO, StageFailed, grow_command, run_stage, train_command
+from megatron.config import ConfigError, check_run_inputs, load_config
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 COMMON, SMALL, LARGE, GROWN = (CONFIGS / f"{name}.yml" for name in ("common", "small", "large", "grown"))

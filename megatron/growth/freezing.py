@@ -7,9 +7,9 @@ stay fixed (model/frozen_tokens.py), and only the tokens growth appended learn; 
 as usual.
 
 A frozen run's optimizer holds state for the trainable rows only, so its checkpoints record what was frozen
-(record.py). A checkpoint the grow tool wrote keeps its optimizer state per whole parameter (portable.py):
+(checkpoint/growth_record.py). A checkpoint the grow tool wrote keeps its optimizer state per whole parameter (checkpoint/portable.py):
 it fits any freeze, and the rows a frozen run trains keep their fp32 masters, Adam's moments and step
-(apply.py), as with pretrain_partial_init. When a DeepSpeed checkpoint's optimizer state was saved with
+(checkpoint/engine_state.py), as with pretrain_partial_init. When a DeepSpeed checkpoint's optimizer state was saved with
 another freeze, only its weights are loaded: Adam's moments restart at zero, and where the run keeps fp32
 master weights (bf16) they restart from the loaded bf16 weights, losing what the masters held beyond bf16.
 """
@@ -23,14 +23,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from megatron.checkpoint.deepspeed_files import tag_directory
+from megatron.checkpoint.growth_record import FORMAT, old_token_count, read_growth_record
+from megatron.checkpoint.portable import is_portable
+from megatron.checkpoint.work_split import is_rank_0
 from megatron.config import ConfigError
 from megatron.growth.plan import PATTENTION_SLOT_KEYS, SLOT_KEYS
-from megatron.growth.portable import is_portable
-from megatron.growth.record import FORMAT, old_token_count, read_growth_record
-from megatron.inference.deepspeed_checkpoint import tag_directory
 from megatron.model.frozen_tokens import freeze_leading_tokens
 from megatron.model.pattention import Pattention
-from megatron.work_split import is_rank_0
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bfloat16": torch.bfloat16, "fp16": torch.float16}
 

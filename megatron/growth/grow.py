@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import Tensor
 
-from megatron.growth import reused_memory
-from megatron.growth.parameter_state import ParameterState
+from megatron.checkpoint.parameter_state import ParameterState
 from megatron.growth.plan import GrowthPlan, pattention_entry
 from megatron.model.init_methods import initial_value
 
@@ -30,11 +29,11 @@ from megatron.model.init_methods import initial_value
 def _resized(rows: Tensor, count: int, initialize: Callable[[Tensor], object] | None = None) -> Tensor:
     """The first `count` rows of `rows`, or all of them followed by new rows: zeros, or what `initialize`
     draws into the whole new tensor (the old rows then overwrite their part). No temporary: memory bandwidth
-    and fresh pages dominate growing a large checkpoint."""
+    dominates growing a large checkpoint."""
     old = rows.shape[0]
     if count <= old:
         return rows if count == old else rows[:count].clone()
-    grown = reused_memory.empty((count, *rows.shape[1:]), rows.dtype, rows.device)
+    grown = torch.empty((count, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
     if initialize is None:
         grown[old:].zero_()
     else:

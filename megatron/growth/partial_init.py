@@ -3,7 +3,7 @@
 When `load` holds no checkpoint, every rank opens the newest checkpoint in `pretrain_partial_init`, grows
 each entry of its own model part with the plan and functions tools/grow_checkpoint.py uses, and keeps this
 tensor rank's block: into the module go the weights and buffers (the Pattentions' stored token counts),
-into the optimizer the fp32 masters, Adam's moments and step (apply.py). As in the official TokenFormer
+into the optimizer the fp32 masters, Adam's moments and step (checkpoint/engine_state.py). As in the official TokenFormer
 code this starts a new stage: iteration, consumed samples, and so the LR schedule and data position, start
 at 0; the source's iteration is not carried over.
 """
@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 
 from megatron import mpu
-from megatron.growth.apply import load_parameter_states
+from megatron.checkpoint.engine_state import load_parameter_states
+from megatron.checkpoint.names import module_model_names, tokenformer_name
+from megatron.checkpoint.parameter_state import ParameterState
+from megatron.checkpoint.reader import open_checkpoint
+from megatron.checkpoint.tensor_parallel_layout import split_dimensions
 from megatron.growth.grow import check_entries, grown_state
-from megatron.growth.names import module_model_names, tokenformer_name
-from megatron.growth.parameter_state import ParameterState
 from megatron.growth.plan import plan_growth
-from megatron.growth.source import open_checkpoint
-from megatron.inference.tensor_parallel_layout import split_dimensions
 
 
 def grow_into(engine, cfg) -> None:

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from megatron.checkpoint.growth_record import FORMAT as RECORD_FORMAT
 from megatron.config import Config, ConfigError
 from megatron.config.validate import raise_if_any
-from megatron.growth.record import FORMAT as RECORD_FORMAT
-from megatron.inference.loading import ARCHITECTURE_KEYS
 from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.args import ARCHITECTURE_KEYS
 from megatron.model.init_methods import InitRole, parameter_roles
 from megatron.mpu import full_shape
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
@@ -100,7 +100,7 @@ class GrowthPlan:
         return (self.old_tokens[entry[0]], *shape[1:])
 
     def growth_record(self, source_record: dict | None) -> dict | None:
-        """The grown checkpoint's growth.json (record.py): each kind's token count before this growth (all of
+        """The grown checkpoint's growth.json (checkpoint/growth_record.py): each kind's token count before this growth (all of
         its tokens where it did not grow, those of an earlier growth where the source was grown before); None
         when neither grew. `frozen` describes the source run's optimizer state, not the output's: dropped."""
         earlier = (source_record or {}).get("grown_from", {})

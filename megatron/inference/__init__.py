@@ -1,4 +1,5 @@
-"""Inference: load any checkpoint as one model, generate text, score lm-eval tasks, export weights.
+"""Inference: load any checkpoint as one model, generate text, score lm-eval tasks (checkpoint files
+themselves: megatron/checkpoint).
 
     from megatron.inference import SamplingParams, generate, load_model
     model = load_model("demo_run/checkpoints")

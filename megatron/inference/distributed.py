@@ -21,7 +21,7 @@ def initialize_inference(cfg: Config) -> torch.device:
     from deepspeed.accelerator import get_accelerator
 
     from megatron.launch import export_rank_environment
-    from megatron.training.distributed import communication_backend, set_seed
+    from megatron.launch.process_group import communication_backend, set_seed
 
     if not dist.is_initialized():
         export_rank_environment(cfg)

@@ -25,18 +25,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megatron.checkpoint.deepspeed_files import read_tensor_rank_states, tag_directory
+from megatron.checkpoint.official_layout import from_official, is_official, official_key
+from megatron.checkpoint.tensor_parallel_layout import merge_shards, split_dimensions
+from megatron.checkpoint.weight_files import CONFIG_NAME, read_config, read_weights, weights_in_directory
 from megatron.config import Config
-from megatron.inference.deepspeed_checkpoint import read_tensor_rank_states, tag_directory
-from megatron.inference.official_layout import from_official, is_official, official_key
-from megatron.inference.tensor_parallel_layout import merge_shards, split_dimensions
-from megatron.inference.weight_files import CONFIG_NAME, read_config, read_weights, weights_in_directory
 from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.args import ARCHITECTURE_KEYS
 from megatron.mpu import full_shape, local_block
-
-# Config keys that change the function the weights compute (shapes are checked against the weights).
-ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "qkv_slot_num", "proj_slot_num",
-                     "ffn_slot_num", "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "final_norm",
-                     "layernorm_epsilon", "no_weight_tying", "norm_activation_type", "pattention_tau")
 
 
 def _choose_config(saved: Path, given: Config | str | Path | None, weights: Path) -> Config:
@@ -54,16 +50,10 @@ def _choose_config(saved: Path, given: Config | str | Path | None, weights: Path
     return given_config if given_config is not None else saved_config
 
 
-def inference_args(config: Config, padded_vocab_size: int) -> TokenFormerArgs:
-    """The model's args for inference: the config's architecture, no dropout, no recomputation."""
-    return TokenFormerArgs.from_config(config, padded_vocab_size=padded_vocab_size, hidden_dropout=0.0,
-                                       attention_dropout=0.0, checkpoint_activations=False)
-
-
 def _read_checkpoint(tag_dir: Path, config: Config) -> dict[str, Tensor]:
     shards = read_tensor_rank_states(tag_dir, config.num_layers)
     vocab = shards[0]["word_embeddings.weight"].shape[0] * len(shards)
-    dims = split_dimensions(inference_args(config, vocab))
+    dims = split_dimensions(TokenFormerArgs.for_inference(config, vocab))
     missing = sorted(set(dims) - set(shards[0]))
     if missing:
         raise KeyError(f"{tag_dir} has no weights for {missing[:5]}: its config.json does not describe it")
@@ -88,7 +78,7 @@ def load_state(path: str | Path, config: Config | str | Path | None = None) -> t
         state = read_weights(weights)
         if is_official(state):
             vocab = state[official_key("word_embeddings.weight", cfg.num_layers)].shape[0]
-            state = from_official(state, inference_args(cfg, vocab))
+            state = from_official(state, TokenFormerArgs.for_inference(cfg, vocab))
     return {name: t.float() if t.is_floating_point() else t for name, t in state.items()}, cfg
 
 
@@ -97,7 +87,8 @@ def check_state_fits(state: dict[str, Tensor], config: Config, source: str | Pat
     describes (with the vocabulary size of its embedding)."""
     if "word_embeddings.weight" not in state:
         raise KeyError(f"{source} has no word_embeddings.weight: it is not a TokenFormer state dict")
-    model = TokenFormerModel(inference_args(config, state["word_embeddings.weight"].shape[0]), device="meta")
+    args = TokenFormerArgs.for_inference(config, state["word_embeddings.weight"].shape[0])
+    model = TokenFormerModel(args, device="meta")
     expected = {name: full_shape(tensor) for name, tensor in chain(model.named_parameters(), model.named_buffers())}
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     wrong = [f"{name} {tuple(state[name].shape)} (config: {expected[name]})" for name in expected
@@ -117,7 +108,8 @@ def build_model(state: dict[str, Tensor], config: Config, device: str | torch.de
                 source: str | Path = "the state dict") -> TokenFormerModel:
     """A model in eval mode holding `state` (this rank's blocks of it under tensor parallelism)."""
     check_state_fits(state, config, source)
-    model = TokenFormerModel(inference_args(config, state["word_embeddings.weight"].shape[0]), device="meta")
+    args = TokenFormerArgs.for_inference(config, state["word_embeddings.weight"].shape[0])
+    model = TokenFormerModel(args, device="meta")
     local = {name: _own_block(state[name], tensor)
              for name, tensor in chain(model.named_parameters(), model.named_buffers())}
     model.load_state_dict(local, assign=True)

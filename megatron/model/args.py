@@ -12,6 +12,10 @@ POSITION_EMBEDDINGS = ("rotary", "learned", "none")
 LAYER_NORMS = ("layernorm_nonparam", "layernorm")
 NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
 INIT_METHODS = ("normal", "scaled_normal", "wang_init", "small_init", "xavier_normal", "xavier_uniform")
+# Config keys that change the function the weights compute (shapes are checked against the weights).
+ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "qkv_slot_num", "proj_slot_num",
+                     "ffn_slot_num", "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "final_norm",
+                     "layernorm_epsilon", "no_weight_tying", "norm_activation_type", "pattention_tau")
 
 
 @dataclass
@@ -80,6 +84,13 @@ class TokenFormerArgs:
             elif field.default is MISSING:
                 raise ValueError(f"config has no '{field.name}', which the model needs: set it in the config")
         return cls(**values)
+
+    @classmethod
+    def for_inference(cls, cfg: Any, padded_vocab_size: int) -> "TokenFormerArgs":
+        """The config's architecture with no dropout and no recomputation: the model a checkpoint is read
+        into, written from, or evaluated with."""
+        return cls.from_config(cfg, padded_vocab_size=padded_vocab_size, hidden_dropout=0.0, attention_dropout=0.0,
+                               checkpoint_activations=False)
 
     def _validate(self) -> None:
         positive = ("padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads", "qkv_slot_num",

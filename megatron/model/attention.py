@@ -23,8 +23,16 @@ from megatron.model.kv_cache import LayerKVCache, causal_mask
 from megatron.model.parallel_pattention import ParallelPattention
 from megatron.model.pattention import fused_pattentions
 from megatron.model.rotary import apply_rotary, rotary_cos_sin
-from megatron.mpu import (all_gather_to_region, all_reduce_max, all_reduce_sum, copy_to_region, reduce_from_region,
-                          reduce_scatter_to_region, split_region_rng, split_size)
+from megatron.mpu import (
+    all_gather_to_region,
+    all_reduce_max,
+    all_reduce_sum,
+    copy_to_region,
+    reduce_from_region,
+    reduce_scatter_to_region,
+    split_region_rng,
+    split_size,
+)
 
 
 class SelfAttention(nn.Module):

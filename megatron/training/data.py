@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from megatron.data.data_utils import (
-    build_train_valid_test_datasets,
     build_datasets_from_paths,
+    build_train_valid_test_datasets,
 )
 from megatron.data.samplers import PretrainingSampler
 

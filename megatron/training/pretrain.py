@@ -9,18 +9,18 @@ import deepspeed
 import torch.distributed as dist
 
 from megatron import mpu
-from megatron.checkpoint_selection import resume_tag
-from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
+from megatron.checkpoint.save_load import load_checkpoint, save_checkpoint, should_save
+from megatron.checkpoint.selection import resume_tag
 from megatron.config import ConfigError, check_run_inputs
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
 from megatron.growth.partial_init import grow_into
+from megatron.launch.process_group import initialize_distributed
 from megatron.learning_rates import LRSchedule
 from megatron.metrics import MetricsWriter
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.pipeline import build_pipeline
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.data import batch_iterator, build_datasets
-from megatron.training.distributed import initialize_distributed
 from megatron.training.gradient_clipping import clips_in_optimizer, install_gradient_clipping
 from megatron.training.numerics import NonFiniteSteps, skip_nonfinite_updates
 from megatron.training.optimizer import build_optimizer, deepspeed_config

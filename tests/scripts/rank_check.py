@@ -9,16 +9,13 @@ the whole job stops them in time.
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from megatron.launch import decode_config  # noqa: E402
-from megatron.training.distributed import initialize_distributed  # noqa: E402
+from megatron.launch import decode_config
+from megatron.launch.process_group import initialize_distributed
 
 
 def main() -> None:

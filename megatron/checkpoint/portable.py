@@ -1,4 +1,4 @@
-"""The layout-independent optimizer state of checkpoints the grow tool writes (target.py), beside DeepSpeed's
+"""The layout-independent optimizer state of checkpoints the grow tool writes (writer.py), beside DeepSpeed's
 model files in the target's tensor/pipeline layout (which hold the weights in fp32, i.e. the masters):
 
     global_stepN/training_state.json                     {"format": 1, "optimizer_step": 1200}
@@ -8,7 +8,7 @@ model files in the target's tensor/pipeline layout (which hold the weights in fp
                                                          NAME, fp32; absent for entries with none
 
 Nothing in it depends on the data-parallel size, the ZeRO stage or the precision, so a run with the
-checkpoint's model_parallel_size and pipe_parallel_size loads it whatever those are (resume.py). The
+checkpoint's model_parallel_size and pipe_parallel_size loads it whatever those are (portable_restore.py). The
 marker file tells these checkpoints from DeepSpeed's own.
 """
 
@@ -21,8 +21,8 @@ from typing import BinaryIO
 import torch
 from torch import Tensor
 
-from megatron.growth.model_files import load_file
-from megatron.growth.parameter_state import ParameterState, as_fp32
+from megatron.checkpoint.model_files import load_file
+from megatron.checkpoint.parameter_state import ParameterState, as_fp32
 
 MARKER = "training_state.json"
 FORMAT = 1

@@ -1,7 +1,7 @@
 """`manifest.json`: the size and SHA-256 of every file of a checkpoint.
 
 It is written after every rank's files are complete and before the checkpoint
-gets its visible name (checkpoint_commit.py), so a resume can tell a complete
+gets its visible name (commit.py), so a resume can tell a complete
 checkpoint from a truncated, corrupted or half-copied one and name the bad file.
 """
 

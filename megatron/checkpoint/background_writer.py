@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
-from megatron.checkpoint_manifest import FileRecord, RecordedFile, sync_and_drop
+from megatron.checkpoint.manifest import FileRecord, RecordedFile, sync_and_drop
 
 
 class BackgroundWriter:

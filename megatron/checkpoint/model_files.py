@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from megatron.checkpoint_safety import DEEPSPEED_CHECKPOINT_CLASSES
-from megatron.inference.deepspeed_checkpoint import LAYER_FILE, MODEL_FILE, check_ranks, files_by_rank
+from megatron.checkpoint.deepspeed_files import LAYER_FILE, MODEL_FILE, check_ranks, files_by_rank
+from megatron.checkpoint.safety import DEEPSPEED_CHECKPOINT_CLASSES
 from megatron.model.pipeline import model_parameter_name
 
 

@@ -20,9 +20,15 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from megatron.checkpoint_manifest import (FileRecord, checkpoint_files, record_file, sync_directory, write_durably,
-                                         write_manifest)
-from megatron.work_split import barrier, is_rank_0, map_over_ranks, same_on_all_ranks
+from megatron.checkpoint.manifest import (
+    FileRecord,
+    checkpoint_files,
+    record_file,
+    sync_directory,
+    write_durably,
+    write_manifest,
+)
+from megatron.checkpoint.work_split import barrier, is_rank_0, map_over_ranks, same_on_all_ranks
 
 STAGING_PREFIX = ".tmp-"
 LATEST = "latest"

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config, load_config
-from megatron.output_directory import require_new_or_empty
 
 CONFIG_NAME = "config.json"
 TORCH_WEIGHTS = "pytorch_model.bin"

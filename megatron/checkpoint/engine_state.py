@@ -1,5 +1,5 @@
 """Set a live engine's training state from ParameterStates: module weights, fp32 masters, Adam's moments
-and step count; the last step of resuming a grown or re-sharded checkpoint (growth/resume.py).
+and step count; the last step of resuming a grown or re-sharded checkpoint (portable_restore.py).
 
 DeepSpeed loads such a checkpoint's weights into the module (cast to its dtype) and, for a bf16 run, copies
 those rounded values into the masters; this puts back the exact fp32 masters and the moments, wherever the
@@ -21,9 +21,9 @@ import torch
 from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 from torch import Tensor
 
-from megatron.growth.engine_optimizer import base_optimizer, is_partitioned, master_pairs, step_tensor
-from megatron.growth.names import holds_trailing_rows
-from megatron.growth.parameter_state import ParameterState
+from megatron.checkpoint.engine_optimizer import base_optimizer, is_partitioned, master_pairs, step_tensor
+from megatron.checkpoint.names import holds_trailing_rows
+from megatron.checkpoint.parameter_state import ParameterState
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

@@ -44,7 +44,7 @@ def unpickling_problems(directory: Path, name: str) -> list[str]:
     unexpected -= DEEPSPEED_CHECKPOINT_CLASSES
     if unexpected:
         return [f"{name} refers to {', '.join(sorted(unexpected))}, which loading would run; a checkpoint holds "
-                "only tensors and DeepSpeed's checkpoint classes (megatron/checkpoint_safety.py)"]
+                "only tensors and DeepSpeed's checkpoint classes (megatron/checkpoint/safety.py)"]
     return []
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config
 from megatron.model.pipeline import model_parameter_name
-from megatron.output_directory import require_new_or_empty
 
 MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")

@@ -1,7 +1,7 @@
 """Which checkpoint a run resumes from, verified before DeepSpeed reads it.
 
 The tag `latest` names is checked first: its manifest (every file's size and
-SHA-256) and the screening of its pickles (checkpoint_safety.py), with the files
+SHA-256) and the screening of its pickles (safety.py), with the files
 shared over all ranks. If it fails, the newest checkpoint that passes is used,
 with a warning naming what was skipped and why; if none passes, the run stops
 listing every problem rather than silently starting from scratch. Interrupted
@@ -14,10 +14,10 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from megatron.checkpoint_commit import CHECKPOINT_TAG, LATEST, STAGING_PREFIX
-from megatron.checkpoint_manifest import FileRecord, checkpoint_files, file_problems, read_manifest
-from megatron.checkpoint_safety import CheckpointRefused, unpickling_problems
-from megatron.work_split import is_rank_0, map_over_ranks, same_on_all_ranks
+from megatron.checkpoint.commit import CHECKPOINT_TAG, LATEST, STAGING_PREFIX
+from megatron.checkpoint.manifest import FileRecord, checkpoint_files, file_problems, read_manifest
+from megatron.checkpoint.safety import CheckpointRefused, unpickling_problems
+from megatron.checkpoint.work_split import is_rank_0, map_over_ranks, same_on_all_ranks
 
 
 def _warn(message: str) -> None:

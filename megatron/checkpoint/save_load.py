@@ -16,8 +16,8 @@ know about:
 - `manifest.json`: every file's size and SHA-256.
 
 It is written under a temporary name and published, with `SAVE/latest`, only
-when complete (checkpoint_commit.py); a resume verifies it first and falls back
-to the newest intact checkpoint (checkpoint_selection.py).
+when complete (commit.py); a resume verifies it first and falls back
+to the newest intact checkpoint (selection.py).
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ import torch
 import torch.distributed as dist
 
 from megatron import mpu
-from megatron.checkpoint_commit import (
+from megatron.checkpoint.commit import (
     commit,
     delete_old_checkpoints,
     remove_interrupted_saves,
     reporting_write_failures,
     staging_directory,
 )
-from megatron.checkpoint_safety import load_weights_only, refuse_if_model_differs
+from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, check_supported, optimizer_parameter_names
+from megatron.checkpoint.growth_record import write_growth_record
+from megatron.checkpoint.portable import is_portable
+from megatron.checkpoint.portable_restore import restore_portable_state
+from megatron.checkpoint.rng_state import capture_rng_state, restore_rng_state
+from megatron.checkpoint.safety import load_weights_only, refuse_if_model_differs
 from megatron.config import ConfigError
-from megatron.growth.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, check_supported, optimizer_parameter_names
-from megatron.growth.portable import is_portable
-from megatron.growth.record import write_growth_record
-from megatron.growth.resume import restore_portable_state
-from megatron.rng_state import capture_rng_state, restore_rng_state
 
 
 def checkpoint_tag(iteration: int) -> str:
@@ -57,9 +57,9 @@ def should_save(cfg, iteration: int) -> bool:
 
 
 def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_record: dict | None = None) -> Path:
-    """Collective: write `global_stepN` under a temporary name, then publish it (checkpoint_commit.py).
+    """Collective: write `global_stepN` under a temporary name, then publish it (commit.py).
 
-    `growth_record`: the growth.json of a run continuing a grown model (growth/record.py), carried forward."""
+    `growth_record`: the growth.json of a run continuing a grown model (growth_record.py), carried forward."""
     save_dir, tag = Path(cfg.save), checkpoint_tag(iteration)
     remove_interrupted_saves(save_dir)
     client_state = {"iteration": iteration, "consumed_train_samples": consumed_samples,
@@ -96,9 +96,9 @@ def _check_parallel_layout(directory: Path, cfg) -> None:
 
 
 def load_checkpoint(engine, cfg, tag: str, load_optimizer: bool = True) -> tuple[int, int]:
-    """Restore checkpoint `tag` of `cfg.load` (checkpoint_selection.resume_tag's verified choice); returns
+    """Restore checkpoint `tag` of `cfg.load` (selection.resume_tag's verified choice); returns
     (iteration, consumed samples). One the grow tool wrote holds its optimizer state apart from DeepSpeed's
-    files (growth/portable.py): restored after them."""
+    files (portable.py): restored after them."""
     portable = is_portable(Path(cfg.load) / tag)
     _check_parallel_layout(Path(cfg.load) / tag, cfg)
     if portable and load_optimizer:

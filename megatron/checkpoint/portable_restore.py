@@ -4,7 +4,7 @@ checkpointing.load_checkpoint has DeepSpeed load its model files (the weights, i
 optimizer state; this then puts in the exact fp32 masters, Adam's moments and step count from the
 layout-independent files, whatever ZeRO stage, precision and data-parallel size the run has. The files
 cover every token, so a run with freeze_old_param_tokens resumes them too: the rows it trains keep their
-state (apply.py).
+state (engine_state.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron import mpu
-from megatron.growth.apply import load_parameter_states
-from megatron.growth.names import module_model_names
-from megatron.growth.source import read_checkpoint
+from megatron.checkpoint.engine_state import load_parameter_states
+from megatron.checkpoint.names import module_model_names
+from megatron.checkpoint.reader import read_checkpoint
 
 
 def restore_portable_state(engine, cfg, tag_dir: Path) -> None:

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from megatron.growth.engine_optimizer import OPTIMIZER_PARAMETER_NAMES
-from megatron.growth.model_files import load_file
+from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES
+from megatron.checkpoint.model_files import load_file
 
 _SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 

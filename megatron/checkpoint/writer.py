@@ -1,5 +1,5 @@
 """Write a checkpoint in a target config's tensor/pipeline layout from whole TokenFormerModel entries, the
-way our Trainer resumes it (growth/resume.py) and `megatron.inference.load_model` reads it:
+way our Trainer resumes it (portable_restore.py) and `megatron.inference.load_model` reads it:
 
     with CheckpointWriter(save, "global_step300", config, iteration=300, consumed_train_samples=76800,
                           optimizer_step=300, growth_record=None) as writer:
@@ -15,7 +15,7 @@ load). Adam's moments go to portable.py's layout-independent files, written as t
 written as soon as their entries are complete, on background threads (background_writer.py: a few files at
 once), so memory stays near a few of the largest files (a pipeline layer; the whole model with
 pipe_parallel_size 0). Everything is written under a temporary name and published with its manifest (each
-file hashed as it is written, not read back) and `latest` by checkpoint_commit.py; leaving the `with` block
+file hashed as it is written, not read back) and `latest` by checkpoint/commit.py; leaving the `with` block
 without commit() (an error, here or in a writing thread) deletes it.
 Works without a process group.
 """
@@ -34,16 +34,14 @@ import torch
 from deepspeed.pipe import LayerSpec
 from torch import Tensor
 
-from megatron.checkpoint_commit import commit, staging_directory
+from megatron.checkpoint.background_writer import BackgroundWriter
+from megatron.checkpoint.commit import commit, staging_directory
+from megatron.checkpoint.growth_record import write_growth_record
+from megatron.checkpoint.parameter_state import ParameterState, as_fp32
+from megatron.checkpoint.portable import moments_directory, moments_file, save_moments, write_marker
+from megatron.checkpoint.tensor_parallel_layout import split_dimensions, split_state
 from megatron.config import Config
-from megatron.growth import reused_memory
-from megatron.growth.background_writer import BackgroundWriter
-from megatron.growth.parameter_state import ParameterState, as_fp32
-from megatron.growth.portable import moments_directory, moments_file, save_moments, write_marker
-from megatron.growth.record import write_growth_record
-from megatron.inference.loading import inference_args
-from megatron.inference.tensor_parallel_layout import split_dimensions, split_state
-from megatron.model import TokenFormerModel
+from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.pipeline import layer_specs, pipeline_place
 from megatron.mpu import full_shape
 
@@ -54,7 +52,7 @@ def _owning(tensor: Tensor) -> Tensor:
     """`tensor` if it is all of its storage, contiguous, else a compact copy (what torch.save should write)."""
     whole = (tensor.is_contiguous() and tensor.storage_offset() == 0
              and tensor.untyped_storage().nbytes() == tensor.nbytes)
-    return tensor if whole else reused_memory.copy_of(tensor)
+    return tensor if whole else tensor.clone(memory_format=torch.contiguous_format)
 
 
 class CheckpointWriter:
@@ -74,7 +72,7 @@ class CheckpointWriter:
         self.save_dir, self.tag, self.config = Path(save_dir), tag, config
         self.iteration, self.consumed_train_samples = iteration, consumed_train_samples
         self.optimizer_step, self.growth_record = optimizer_step, growth_record
-        args = inference_args(config, config.padded_vocab_size)
+        args = TokenFormerArgs.for_inference(config, config.padded_vocab_size)
         model = TokenFormerModel(args, device="meta")
         self._shapes = {name: full_shape(t) for name, t in chain(model.named_parameters(), model.named_buffers())}
         self._dims = split_dimensions(args)

@@ -19,17 +19,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from megatron.checkpoint_selection import checkpoint_problems
+from megatron.checkpoint.deepspeed_files import tag_directory
+from megatron.checkpoint.deepspeed_optimizer import deepspeed_optimizer_state
+from megatron.checkpoint.model_files import ModelFiles
+from megatron.checkpoint.names import tokenformer_name
+from megatron.checkpoint.parameter_state import ParameterState, as_fp32
+from megatron.checkpoint.portable import PortableMoments, is_portable
+from megatron.checkpoint.selection import checkpoint_problems
+from megatron.checkpoint.tensor_parallel_layout import split_dimensions
 from megatron.config import Config
-from megatron.growth.deepspeed_optimizer import deepspeed_optimizer_state
-from megatron.growth.model_files import ModelFiles
-from megatron.growth.names import tokenformer_name
-from megatron.growth.parameter_state import ParameterState, as_fp32
-from megatron.growth.portable import PortableMoments, is_portable
-from megatron.inference.deepspeed_checkpoint import tag_directory
-from megatron.inference.loading import inference_args
-from megatron.inference.tensor_parallel_layout import split_dimensions
-from megatron.model import TokenFormerModel
+from megatron.model import TokenFormerArgs, TokenFormerModel
 
 
 class CheckpointUnreadable(ValueError):
@@ -88,7 +87,7 @@ class SourceCheckpoint:
         if "word_embeddings.weight" not in self._files.names():
             raise CheckpointUnreadable(f"{tag_dir} has no word_embeddings.weight: it is not a TokenFormer checkpoint")
         vocab = self._files.block("word_embeddings.weight", 0).shape[0] * config.model_parallel_size
-        args = inference_args(config, vocab)
+        args = TokenFormerArgs.for_inference(config, vocab)
         self._dims = split_dimensions(args)
         self._names = list(TokenFormerModel(args, device="meta").state_dict())
         missing = sorted(set(self._names) - self._files.names())

@@ -1,0 +1,116 @@
+"""The packages of `megatron/` depend on each other without a cycle (issue 17): every import, at module level
+or inside a function, read by parsing the sources, never by importing them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+MEGATRON = Path(__file__).resolve().parents[1] / "megatron"
+
+
+def unit_of(module: str) -> str | None:
+    """The unit a `megatron...` module belongs to: its subpackage (`megatron.checkpoint`) or, for a module at
+    the top of `megatron/`, that module (`megatron.metrics`); None outside `megatron`."""
+    parts = module.split(".")
+    if parts[0] != "megatron" or len(parts) < 2:
+        return None
+    return ".".join(parts[:2])
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
+    """Every module `source` (the text of `module`) imports, relative imports resolved."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            found.add(target)
+            # `from megatron import mpu` imports the subpackage megatron.mpu
+            found.update(f"{target}.{alias.name}" for alias in node.names if target == "megatron")
+    return found
+
+
+def unit_graph(root: Path) -> dict[str, set[str]]:
+    """Unit -> the other units it imports, over every .py file under `root` (a `megatron` package)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root.parent).with_suffix("")
+        is_package = relative.name == "__init__"
+        module = ".".join(relative.parts[:-1] if is_package else relative.parts)
+        unit = unit_of(module)
+        if unit is None:  # megatron/__init__.py
+            continue
+        targets = {unit_of(name) for name in imported_modules(path.read_text(encoding="utf-8"), module, is_package)}
+        graph.setdefault(unit, set()).update(t for t in targets if t is not None and t != unit)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as [a, b, ..., a], or None."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for child in sorted(graph.get(node, ())):
+            if state.get(child) == "open":
+                return path[path.index(child):] + [child]
+            if child not in state and (cycle := visit(child)):
+                return cycle
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_megatron_packages_import_each_other_without_a_cycle():
+    graph = unit_graph(MEGATRON)
+    assert {"megatron.checkpoint", "megatron.growth", "megatron.inference", "megatron.training"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between megatron's packages: " + " -> ".join(cycle)
+
+
+def test_no_checkpoint_module_is_left_at_the_top_of_megatron():
+    loose = sorted(p.name for p in MEGATRON.glob("*.py") if "checkpoint" in p.name or p.stem in (
+        "output_directory", "work_split", "rng_state"))
+    assert loose == []
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / "megatron" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "megatron"
+
+
+@pytest.mark.parametrize("where", ["module level", "inside a function", "relative"])
+def test_a_cycle_between_packages_is_found(tmp_path, where):
+    back = {"module level": "from megatron.training.loop import run\n",
+            "inside a function": "def load():\n    from megatron.training import loop\n",
+            "relative": "from ..training import loop\n"}[where]
+    root = write_package(tmp_path, {
+        "__init__.py": "", "training/__init__.py": "", "training/loop.py": "from megatron.checkpoint import save\n",
+        "checkpoint/__init__.py": "", "checkpoint/save.py": back, "metrics.py": "import megatron.training\n"})
+    assert find_cycle(unit_graph(root)) == ["megatron.checkpoint", "megatron.training", "megatron.checkpoint"]
+
+
+def test_imports_within_a_package_and_one_way_imports_are_no_cycle(tmp_path):
+    root = write_package(tmp_path, {
+        "__init__.py": "", "checkpoint/__init__.py": "from megatron.checkpoint import save\n",
+        "checkpoint/save.py": "from . import __init__\nfrom megatron import mpu\n", "mpu/__init__.py": "",
+        "training/__init__.py": "from megatron.checkpoint.save import x\nfrom megatron import mpu\n"})
+    graph = unit_graph(root)
+    assert graph["megatron.training"] == {"megatron.checkpoint", "megatron.mpu"}
+    assert find_cycle(graph) is None
