@@ -38,6 +38,9 @@ RUN useradd --create-home --uid 1000 --user-group tokenformer \
     && install -d -o 1000 -g 1000 /workspace
 WORKDIR /workspace
 COPY --chown=1000:1000 . .
+# The project itself, editable: tools/ and benchmarks/ import `megatron` from the code in /workspace.
+RUN pip install --no-deps --no-build-isolation -e . \
+    && chown -R 1000:1000 /workspace
 
 # The C++ data helpers, compiled now into a cache the non-root user owns (rebuilt there if the source
 # changes). DL3064 mistakes the variable's name for a secret: it holds a directory.

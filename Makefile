@@ -9,7 +9,7 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo demo-data test docs bench scaling-study clean-demo
+.PHONY: install demo demo-data test test-fast test-gpu docs bench scaling-study clean-demo
 
 install: $(STAMP)
 
@@ -28,8 +28,17 @@ demo-data: $(DEMO_DATA)
 demo: $(DEMO_DATA)
 	$(PY) deepy.py train.py configs/demo.yml
 
+# Everything but the `gpu` tier (markers: pyproject.toml).
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -m "not gpu"
+
+# Unit tests only: no multi-process runs, package index, system services or GPU (about 2 minutes).
+test-fast: $(STAMP)
+	$(PY) -m pytest tests -m "not slow and not network and not system and not gpu"
+
+# Needs a CUDA device; elsewhere every test is skipped with that reason.
+test-gpu: $(STAMP)
+	$(PY) -m pytest tests -m gpu
 
 docs: $(STAMP)
 	$(PY) -m megatron.config.docs

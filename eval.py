@@ -20,6 +20,7 @@ from megatron.config import Config
 from megatron.inference import load_model
 from megatron.inference.distributed import initialize_inference, is_output_rank
 from megatron.launch import decode_config
+from megatron.launch.process_group import leave_process_group
 from megatron.tokenizer import build_tokenizer
 
 
@@ -66,3 +67,4 @@ if __name__ == "__main__":
     parser.add_argument("--megatron_config", required=True, help="resolved config from deepy.py")
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
     main(decode_config(parser.parse_args().megatron_config))
+    leave_process_group()

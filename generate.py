@@ -17,6 +17,7 @@ from megatron.inference import load_model
 from megatron.inference.distributed import initialize_inference
 from megatron.inference.text_generation import generate_samples
 from megatron.launch import decode_config
+from megatron.launch.process_group import leave_process_group
 from megatron.tokenizer import build_tokenizer
 
 
@@ -32,3 +33,4 @@ if __name__ == "__main__":
     parser.add_argument("--megatron_config", required=True, help="resolved config from deepy.py")
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
     main(decode_config(parser.parse_args().megatron_config))
+    leave_process_group()

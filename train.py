@@ -11,11 +11,9 @@ import base64
 import warnings
 import zlib
 
-import torch.distributed as dist
-
 from megatron.config import Config
+from megatron.launch.process_group import leave_process_group
 from megatron.training import pretrain
-
 
 # DeepSpeed's ZeRO calls a torch collective that torch marks deprecated; nothing for users to act on.
 warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
@@ -28,10 +26,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = Config.from_json(zlib.decompress(base64.urlsafe_b64decode(args.megatron_config)).decode())
     pretrain(cfg)
-    # Leaving with the gloo group alive can abort the process at exit ("terminate called without an
-    # active exception") after the work is done.
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

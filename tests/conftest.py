@@ -41,3 +41,15 @@ def run_deepy(*args: str, check: bool = True, timeout: float = 600) -> subproces
 
 def read_metrics(log_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`gpu` tests need CUDA: skipped with that reason on a machine without it (`make test-gpu` runs them)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

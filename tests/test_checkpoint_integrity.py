@@ -24,6 +24,8 @@ from tests.conftest import read_metrics
 from tests.distributed import run_on_ranks
 from tests.test_tensor_parallel_training import train
 
+pytestmark = pytest.mark.slow
+
 MODEL_FILE = "mp_rank_00_model_states.pt"
 OPTIMIZER_SHARD = "zero_pp_rank_1_mp_rank_00_optim_states.pt"
 

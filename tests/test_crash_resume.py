@@ -28,6 +28,8 @@ from tests.distributed import run_on_ranks
 from tests.killable_job import start_job, wait_until
 from tests.test_tensor_parallel_training import train
 
+pytestmark = pytest.mark.slow
+
 ITERATIONS = 9
 # extra overrides, and the signal the scheduler sends (SIGUSR1 has to be named in exit_signals)
 LAYOUTS = {

@@ -14,6 +14,8 @@ from tests.conftest import read_metrics
 from tests.distributed import run_on_ranks
 from tests.test_tensor_parallel_training import TINY, train
 
+pytestmark = pytest.mark.slow
+
 
 def train_keeping_handlers(overrides: list[str]) -> bool:
     """Train; whether SIGTERM's handler is the one from before the run (a finished run must not catch it)."""

@@ -42,6 +42,8 @@ from tests.conftest import REPO, read_metrics
 from tests.distributed import run_on_ranks
 from tools.grow_checkpoint import grow_checkpoint
 
+pytestmark = pytest.mark.slow
+
 TINY = REPO / "tests" / "tiny.yml"
 GROWN_FROM = {"qkv_slot_num": 32, "proj_slot_num": 32, "ffn_slot_num": 128}  # half of tiny.yml's counts
 RECORD = {"format": 1, "grown_from": GROWN_FROM}

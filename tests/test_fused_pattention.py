@@ -172,6 +172,7 @@ def _blocks_on_rank(norm_type):
     return partial.detach(), x.grad, [t.grad for t in local]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
 def test_token_blocks_on_two_ranks_equal_the_whole_layers(norm_type):
     ranks = run_on_ranks(2, _blocks_on_rank, norm_type)

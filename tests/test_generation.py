@@ -98,6 +98,7 @@ def _generate_on_tensor_ranks(state, cfg, sampling) -> list[list[list[int]]]:
         mpu.destroy_model_parallel()
 
 
+@pytest.mark.slow
 def test_tensor_parallel_generation_matches_one_process_with_and_without_cache():
     whole, cfg = random_model()
     for sampling in (SamplingParams(), SAMPLED):
@@ -117,6 +118,7 @@ def _interactive_generation(cfg, typed: str) -> list[dict]:
         mpu.destroy_model_parallel()
 
 
+@pytest.mark.slow
 def test_interactive_mode_on_two_tensor_ranks(tensor_parallel_checkpoint, tmp_path):
     cfg = tensor_parallel_checkpoint.config(
         "model_parallel_size=2", f"load={tensor_parallel_checkpoint.save}", "text_gen_type=interactive",
@@ -127,6 +129,7 @@ def test_interactive_mode_on_two_tensor_ranks(tensor_parallel_checkpoint, tmp_pa
     assert [r["text"] for r in written] == [r["text"] for r in rank_0] == [r["text"] for r in rank_1]
 
 
+@pytest.mark.slow
 def test_generate_script_under_deepy_with_two_tensor_ranks(tensor_parallel_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny model: one thread per rank is fastest
     (tmp_path / "prompts.txt").write_text("def main():\n\nclass Config:\nimport\n")

@@ -38,6 +38,8 @@ from tests.conftest import REPO
 from tests.distributed import run_on_ranks
 from tools.grow_checkpoint import grow_checkpoint
 
+pytestmark = pytest.mark.slow
+
 TINY = REPO / "tests" / "tiny.yml"
 DOUBLED = {"qkv_slot_num": 128, "proj_slot_num": 128, "ffn_slot_num": 512}
 SINGLE_PROCESS = {"model_parallel_size": 1, "pipe_parallel_size": 0}

@@ -38,6 +38,8 @@ from megatron.training.pretrain import Trainer
 from tests.conftest import REPO, read_metrics
 from tests.distributed import run_on_ranks
 
+pytestmark = pytest.mark.slow
+
 TINY = REPO / "tests" / "tiny.yml"
 ZERO_0 = "zero_optimization={stage: 0}"
 

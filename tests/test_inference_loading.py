@@ -16,7 +16,7 @@ from tests.distributed import run_on_ranks
 from tests.inference_fixtures import PROBE
 from tools import export_checkpoint
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 # The consolidated model sums each Pattention's tokens in one matmul, the split one in per-rank parts.
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 

@@ -20,7 +20,7 @@ from megatron.inference.sampling import SamplingParams
 from megatron.tokenizer import build_tokenizer
 from tests.distributed import run_on_ranks
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 DOCS = [
     {"question": "def main", "choices": ["():", " the cat"], "answer": 0, "text": "def main():\n    return 1\n"},

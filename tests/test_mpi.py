@@ -10,6 +10,8 @@ from tests.launch_checks import TINY, assert_job_ended_promptly, assert_ranks_jo
 from tests.system_packages import require_debian_packages, require_python_packages
 from tests.test_training_e2e import data_overrides
 
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module", autouse=True)
 def open_mpi():

@@ -8,6 +8,8 @@ from megatron import mpu
 from megatron.mpu import ParallelLayout
 from tests.distributed import spawn
 
+pytestmark = pytest.mark.slow
+
 
 def test_rank_coordinates_follow_megatron_order():
     layout = ParallelLayout(world_size=8, tensor_size=2, pipe_size=2)

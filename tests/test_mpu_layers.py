@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from megatron import mpu
 from tests.distributed import run_on_ranks
 
+pytestmark = pytest.mark.slow
+
 VOCAB, HIDDEN = 16, 6
 TOKENS = torch.tensor([[0, 3, 4, 7, 8], [11, 12, 15, 1, 9]])  # ids in every rank's block, both ends included
 LABELS = torch.tensor([[15, 0, 5, 12, 3], [8, 4, 11, 7, 15]])

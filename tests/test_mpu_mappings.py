@@ -10,6 +10,8 @@ import torch.distributed as dist
 from megatron import mpu
 from tests.distributed import run_on_ranks
 
+pytestmark = pytest.mark.slow
+
 WORLD = 4
 SHAPE = (4, 3, 8)
 DIMS = (0, -1)

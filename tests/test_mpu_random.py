@@ -13,6 +13,8 @@ from megatron import mpu
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from tests.distributed import run_on_ranks
 
+pytestmark = pytest.mark.slow
+
 SEED = 5
 
 

@@ -17,6 +17,8 @@ from megatron.training.pretrain import Trainer
 from tests.distributed import run_on_ranks
 from tests.test_tensor_parallel_training import TINY
 
+pytestmark = pytest.mark.slow
+
 
 def tensors_of(value) -> list[torch.Tensor]:
     """Every tensor inside a (nested) state dict, copied, in a fixed order."""

@@ -44,6 +44,7 @@ def test_partition_methods_of_gpt_neox_are_accepted(method):
     assert cfg.pipe_partition_method == method and cfg.train_batch_size == 2 * 2
 
 
+@pytest.mark.slow
 def test_refusal_comes_before_any_process_starts():
     result = run_deepy("train.py", str(REPO / "tests" / "tiny.yml"), "pipe_parallel_size=2",
                        "zero_optimization={stage: 2}", "data_path=nowhere", check=False, timeout=120)

@@ -25,6 +25,8 @@ from megatron.training.pretrain import Trainer
 from tests.conftest import REPO, read_metrics
 from tests.distributed import run_on_ranks
 
+pytestmark = pytest.mark.slow
+
 TINY = REPO / "tests" / "tiny.yml"
 RELATIVE_TOLERANCE = 1e-3
 ITERATIONS = 20

@@ -8,7 +8,11 @@ check runs under srun in test_slurm.py and under mpirun in test_mpi.py too.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.launch_checks import assert_job_ended_promptly, assert_ranks_joined, run_rank_check
+
+pytestmark = pytest.mark.slow
 
 
 def test_failing_rank_ends_a_hostfile_launch_within_seconds(demo_data, tmp_path, monkeypatch):

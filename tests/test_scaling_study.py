@@ -70,6 +70,7 @@ def flops_per_step(demo_data: Path, size: str) -> float:
     return flops_per_token(args, include_recompute=False) * cfg.train_batch_size * cfg.seq_length
 
 
+@pytest.mark.slow
 def test_study_end_to_end_writes_table_plot_and_curves_on_the_shared_flops(demo_data, tmp_path):
     work = tmp_path / "study"
     result = subprocess.run(

@@ -25,6 +25,8 @@ from tests.slurm_cluster import SlurmCluster
 from tests.system_packages import require_debian_packages
 from tests.test_training_e2e import data_overrides
 
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
 JOB_TIMEOUT_SECONDS = 600
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 

@@ -4,6 +4,7 @@ run on 2 ranks, and the Trainer resumes from it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -12,6 +13,8 @@ from megatron.config import Config, load_config
 from megatron.training.pretrain import Trainer
 from tests.conftest import REPO
 from tests.distributed import run_on_ranks
+
+pytestmark = pytest.mark.slow
 
 TINY = REPO / "tests" / "tiny.yml"
 LAYOUT = ("bf16={enabled: true}", "pipe_parallel_size=1", "zero_optimization={stage: 1}")

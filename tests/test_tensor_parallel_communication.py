@@ -15,6 +15,8 @@ from megatron.model.layer import TokenFormerLayer
 from megatron.mpu.collectives import Collective, count_collectives
 from tests.distributed import run_on_ranks
 
+pytestmark = pytest.mark.slow
+
 HIDDEN, BATCH, SEQ = 16, 2, 8
 TOKENS = BATCH * SEQ
 STATISTIC_BYTES = 4  # Pattention row statistics are fp32 whatever the activations are

@@ -12,6 +12,8 @@ from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.mpu import collectives
 from tests.distributed import run_on_ranks
 
+pytestmark = pytest.mark.slow
+
 VOCAB, SEQ, BATCH = 64, 8, 2
 TOLERANCE = 1e-5
 

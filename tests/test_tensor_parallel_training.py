@@ -8,12 +8,15 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 
 from megatron.config import load_config
 from megatron.training import pretrain
 from tests.conftest import REPO, read_metrics
 from tests.distributed import run_on_ranks
+
+pytestmark = pytest.mark.slow
 
 TINY = REPO / "tests" / "tiny.yml"
 RELATIVE_TOLERANCE = 1e-3

@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import REPO, read_metrics, run_deepy
 
+pytestmark = pytest.mark.slow
+
 TINY = str(REPO / "tests" / "tiny.yml")
 
 

@@ -56,3 +56,11 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
     get_accelerator().manual_seed_all(seed)
     mpu.seed_model_parallel_rng(seed)
+
+
+def leave_process_group() -> None:
+    """End a rank's work: leaving with the gloo group alive can abort the process at exit ("terminate called
+    without an active exception") after the work is done, so the entry points (train.py, generate.py,
+    eval.py) destroy it."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
