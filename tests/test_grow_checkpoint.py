@@ -26,6 +26,7 @@ import yaml
 
 from megatron import mpu
 from megatron.checkpoint.deepspeed_files import write_checkpoint
+from megatron.checkpoint.engine_optimizer import base_optimizer
 from megatron.checkpoint.reader import CheckpointUnreadable, open_checkpoint
 from megatron.config import ConfigError, load_config
 from megatron.growth.plan import SOFTMAX_GROWTH
@@ -36,6 +37,7 @@ from megatron.training.pretrain import Trainer
 from megatron.training.step import train_step
 from tests.conftest import REPO
 from tests.distributed import run_on_ranks
+from tests.test_growth_plan import official_reference
 from tools.grow_checkpoint import grow_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -261,3 +263,52 @@ def test_the_cli_refuses_what_it_cannot_do(source, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(SOFTMAX_GROWTH)):
         grow_checkpoint(tmp_path / "softmax", tmp_path / "out", [TINY, target_yaml(
             tmp_path / "s.yml", {**source.values, **DOUBLED, "norm_activation_type": "softmax"})])
+
+
+# --- growth_mode official ------------------------------------------------------------------------------------
+
+
+def training_start(values: dict) -> dict:
+    """One rank: start a Trainer; the iteration it starts at, how many parameters have optimizer state, and (one
+    process) the module's weights."""
+    trainer = trainer_on_this_rank(values)
+    weights = ({name: t.detach().clone() for name, t in trainer.engine.module.state_dict().items()}
+               if dist.get_world_size() == 1 else None)
+    result = {"iteration": trainer.state.iteration, "weights": weights,
+              "optimizer_state": len(base_optimizer(trainer.engine.optimizer).state)}
+    trainer.metrics.close()
+    return result
+
+
+def assert_equal_states(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    assert [name for name in expected if not torch.equal(got[name], expected[name])] == []
+
+
+def test_official_growth_by_the_tool_is_the_official_procedure_in_another_layout(source, tmp_path):
+    target = {**source.values, **DOUBLED, "model_parallel_size": 2, "pipe_parallel_size": 2}
+    config = target_yaml(tmp_path / "target.yml", target)
+    tag_dir, plan = grow_checkpoint(source.save, tmp_path / "grown", [TINY, config], growth_mode="official")
+    assert tag_dir.name == "global_step0" and plan.mode == "official"
+    grown, grown_config = load_state(tag_dir.parent)
+    assert_equal_states(grown, official_reference(load_state(source.save)[0], grown_config))
+    assert grown_config.growth_mode == "official"
+    started = run_on_ranks(4, training_start, {**target, "load": str(tag_dir.parent)})
+    assert [(r["iteration"], r["optimizer_state"]) for r in started] == [(0, 0)] * 4  # a fresh optimizer
+
+
+def test_official_pretrain_partial_init_is_the_official_procedure_with_a_fresh_optimizer(source, tmp_path):
+    values = {**source.values, **DOUBLED, **SINGLE_PROCESS, "pretrain_partial_init": str(source.save)}
+    old, source_config = load_state(source.save)
+    runs = {}
+    for name, extra in {"official": {"growth_mode": "official"}, "preserve": {},
+                        "preserve_reset": {"pretrain_partial_init_reset_optimizer": True}}.items():
+        run = {**values, **extra, "load": str(tmp_path / name), "save": str(tmp_path / name)}
+        runs[name] = run_on_ranks(1, training_start, run)[0]
+        assert runs[name]["iteration"] == 0
+    target_config = load_config([TINY], overrides({**values, "growth_mode": "official",
+                                                   "padded_vocab_size": source_config.padded_vocab_size}))
+    assert_equal_states(runs["official"]["weights"], official_reference(old, target_config))
+    assert runs["official"]["optimizer_state"] == runs["preserve_reset"]["optimizer_state"] == 0
+    assert runs["preserve"]["optimizer_state"] > 0  # Adam's moments carried over
+    assert_equal_states(runs["preserve_reset"]["weights"], runs["preserve"]["weights"])

@@ -184,3 +184,67 @@ def test_the_growth_record_names_the_tokens_before_the_last_growth():
     partly_shrunk = plan_growth(large, config("qkv_slot_num=256", "ffn_slot_num=128"), allow_shrink=True)
     assert partly_shrunk.growth_record(earlier)["grown_from"] == {
         "qkv_slot_num": 128, "proj_slot_num": 64, "ffn_slot_num": 128}
+
+
+# --- growth_mode official: the official code's procedure -----------------------------------------------------
+
+
+def trained_looking(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` moved off its init, so copied rows cannot pass for freshly drawn ones."""
+    generator = torch.Generator().manual_seed(1)
+    return {name: tensor + 0.01 * torch.randn(tensor.shape, generator=generator) if tensor.is_floating_point()
+            else tensor for name, tensor in state.items()}
+
+
+def official_reference(source: dict[str, torch.Tensor], target_cfg) -> dict[str, torch.Tensor]:
+    """What the official code does (custom_load_fn_incremental in its megatron/checkpointing.py): a freshly
+    initialised model of the target size with the same seed, each parameter-token matrix's old rows and every
+    other entry copied in. Its normalisation uses the layer's token count: here the fresh model's
+    norm_token_count, n'."""
+    fresh = TokenFormerModel(TokenFormerArgs.from_config(target_cfg)).state_dict()
+    for name, tensor in source.items():
+        if name.endswith("param_tokens"):
+            fresh[name][:tensor.shape[0]] = tensor
+        elif not name.endswith("norm_token_count"):
+            fresh[name] = tensor
+    return fresh
+
+
+@pytest.mark.parametrize("norm", ["l2_norm_gelu", "gelu_l2_norm", "softmax"])
+def test_official_growth_equals_the_official_procedure_tensor_for_tensor(norm):
+    source_cfg = config(f"norm_activation_type={norm}")
+    source = trained_looking(model_state(source_cfg))
+    target_cfg = config(f"norm_activation_type={norm}", *DOUBLED, "growth_mode=official")
+    plan = plan_growth(source_cfg, target_cfg)
+    assert plan.mode == "official" and plan.resets_training_state and plan.target.growth_mode == "official"
+    grown, expected = grow_model(source, plan), official_reference(source, target_cfg)
+    assert grown.keys() == expected.keys()
+    different = [name for name in expected if not torch.equal(grown[name], expected[name])]
+    assert different == []
+    assert grown["layers.0.mlp.norm_token_count"].item() == 512 and grown["layers.0.mlp.key_param_tokens"][256:].any()
+
+
+def test_official_growth_changes_the_function_and_preserve_does_not():
+    source_cfg = config()
+    source = model_state(source_cfg)
+    tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+
+    def logits(cfg, state):
+        model = TokenFormerModel(TokenFormerArgs.from_config(cfg)).double()
+        model.load_state_dict(state)
+        with torch.no_grad():
+            return model(tokens)
+
+    expected = logits(source_cfg, source)
+    for mode, same in (("preserve", True), ("official", False)):
+        plan = plan_growth(source_cfg, config(*DOUBLED), mode=mode)
+        assert torch.allclose(logits(plan.target, grow_model(source, plan)), expected, rtol=1e-12, atol=1e-12) == same
+
+
+def test_official_growth_refuses_zero_new_values_and_unknown_modes():
+    with pytest.raises(ConfigError, match="zero new values do not go with growth_mode official"):
+        plan_growth(config(), config(*DOUBLED), zero_new_values=True, mode="official")
+    with pytest.raises(ConfigError, match="growth mode 'fast' is not one of preserve, official"):
+        plan_growth(config(), config(*DOUBLED), mode="fast")
+    with pytest.raises(ConfigError, match="growth_mode"):
+        config("growth_mode=fast")

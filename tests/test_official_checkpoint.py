@@ -180,3 +180,15 @@ def test_neither_direction_overwrites_what_is_there(tmp_path):
         convert_official_checkpoint.main(["--export", "--input", str(tmp_path / "imported"), "--save",
                                           str(tmp_path / "mine.bin")])
     assert (tmp_path / "mine.bin").read_bytes() == b"keep me"
+
+
+def test_a_model_with_pattention_tau_other_than_1_is_not_exported(tmp_path):
+    """The official code's scores are X·K^T: a model whose scores carry another factor has no official form."""
+    config = write_config(tmp_path, RELEASED)
+    torch.save(official_state_dict(config), tmp_path / "pytorch_model.bin")
+    (tmp_path / "tau.yml").write_text(yaml.safe_dump({**config, "pattention_tau": 2.0}))
+    imported = convert_official_checkpoint.main(["--input", str(tmp_path / "pytorch_model.bin"), "--config",
+                                                 str(tmp_path / "tau.yml"), "--save", str(tmp_path / "run")])
+    with pytest.raises(ValueError, match=r"pattention_tau = 2.0: the official code has no such factor"):
+        convert_official_checkpoint.export_official(imported, tmp_path / "out.bin")
+    assert not (tmp_path / "out.bin").exists() and not (tmp_path / "out.bin.partial").exists()

@@ -38,13 +38,16 @@ def test_curve_starting_below_the_target_crosses_at_its_first_point_and_one_abov
 def test_table_reports_the_fraction_of_c_compute_or_the_gap():
     small = curve("(a)", [1.0, 2.0], [6.0, 5.0])
     large = curve("(c)", [4.0, 8.0], [5.5, 4.0])
-    reaching = Comparison(small, curve("(b)", [2.0, 4.0, 6.0], [5.0, 4.5, 3.5]), large)
-    assert reaching.grown_fraction == pytest.approx(5.0 / 8.0)
-    assert reaching.ratio_line().endswith("0.625")
-    short = Comparison(small, curve("(b)", [2.0, 4.0], [5.0, 4.25]), large)
-    assert short.grown_fraction is None
-    assert "+0.2500 above" in short.ratio_line() and "not reached (ends +0.2500 above)" in short.table()
-    assert short.growth_jump == 0.0
+    reaching, short = curve("(b)", [2.0, 4.0, 6.0], [5.0, 4.5, 3.5]), curve("(b')", [2.0, 4.0], [5.5, 4.25])
+    comparison = Comparison(small, reaching, short, large)
+    assert comparison.fraction(reaching) == pytest.approx(5.0 / 8.0) and comparison.fraction(short) is None
+    assert comparison.ratio_line() == ("compute ratio (grown run to reach (c)'s final loss 4.0000 / (c)): (b) "
+                                       "preserve 0.625, (b') official not reached (+0.2500 above after 0.500 of "
+                                       "(c)'s compute)")
+    table = comparison.table()
+    assert "| (b) | 3.5000 | 0.00 TFLOP |" in table and "not reached (ends +0.2500 above)" in table
+    assert (comparison.growth_jump(reaching), comparison.growth_jump(short)) == (0.0, 0.5)
+    assert "Growth check, (b'): S's last validation loss 5.000000, the grown model's before training 5.500000" in table
 
 
 def test_missing_corpus_is_one_error_before_any_run(tmp_path, capsys):
@@ -80,20 +83,23 @@ def test_study_end_to_end_writes_table_plot_and_curves_on_the_shared_flops(demo_
         cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout + result.stderr
     last_line = result.stdout.strip().splitlines()[-1]
-    assert last_line.startswith(("compute ratio", "(b) did not reach"))
+    assert last_line.startswith("compute ratio (grown run to reach")
 
     results = work / "results"
     table = (results / "table.md").read_text()
-    assert all(label in table for label in ("(a) S from scratch", "(b) S grown to L", "(c) L from scratch"))
+    assert all(label in table for label in ("(a) S from scratch", "(b) S grown to L, preserve",
+                                            "(b') S grown to L, official", "(c) L from scratch"))
     assert last_line in table
     assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     curves = json.loads((results / "curves.json").read_text())
     small_step, large_step = flops_per_step(demo_data, "small"), flops_per_step(demo_data, "large")
-    small, grown, large = curves["small"], curves["grown"], curves["large"]
-    assert small["iterations"] == large["iterations"] == [2, 4] and grown["iterations"] == [0, 2]
+    small, grown, official, large = curves["small"], curves["grown"], curves["official"], curves["large"]
+    assert small["iterations"] == large["iterations"] == [2, 4]
+    assert grown["iterations"] == official["iterations"] == [0, 2]
     assert small["compute"] == pytest.approx([2 * small_step, 4 * small_step])
     assert large["compute"] == pytest.approx([2 * large_step, 4 * large_step])
     # (b) starts at S's total compute, with S's last validation loss (growth keeps the function), then adds L's.
-    assert grown["compute"] == pytest.approx([4 * small_step, 4 * small_step + 2 * large_step])
+    assert grown["compute"] == official["compute"] == pytest.approx([4 * small_step, 4 * small_step + 2 * large_step])
     assert grown["loss"][0] == pytest.approx(small["loss"][-1], abs=1e-4)
+    assert abs(official["loss"][0] - small["loss"][-1]) > 1e-3  # official growth changes the function

@@ -52,9 +52,10 @@ def export_official(checkpoint: Path, save: Path, config: Path | None = None) ->
     if save.exists():
         raise FileExistsError(f"{save} exists: remove it or give another --save (export does not overwrite)")
     state, cfg = load_state(checkpoint, config)
+    official = to_official(state, cfg.num_layers, cfg.pattention_tau)
     save.parent.mkdir(parents=True, exist_ok=True)
     partial = save.with_name(save.name + ".partial")
-    torch.save(to_official(state, cfg.num_layers), partial)
+    torch.save(official, partial)
     os.replace(partial, save)  # an interrupted export leaves no file under the final name
     return save
 

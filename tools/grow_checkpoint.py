@@ -2,13 +2,16 @@
 
     python tools/grow_checkpoint.py --load CKPT_DIR [--tag global_stepN] --save NEW_DIR \\
         --config TARGET.yml [more.yml ...] [--qkv-slot-num N] [--proj-slot-num N] [--ffn-slot-num N] \\
-        [--zero-new-values] [--reset-optimizer] [--reset-iteration] [--allow-shrink]
+        [--growth-mode preserve|official] [--zero-new-values] [--reset-optimizer] [--reset-iteration] \
+        [--allow-shrink]
 
 TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ffn_slot_num (or the flags)
 give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
-value tokens. Same counts and another layout re-shard only. Old tokens stay bit-exact, new keys are zero
-and the normalisation keeps the old n, so the grown model computes the same function; the Adam state is
-carried over (new tokens' moments zero) and the iteration and LR schedule continue. Train from NEW_DIR
+tokens, its growth_mode (or the flag) how they are made. Same counts and another layout re-shard only.
+preserve: old tokens stay bit-exact, new keys are zero and the normalisation keeps the old n, so the grown
+model computes the same function; the Adam state is carried over (new tokens' moments zero) and the
+iteration and LR schedule continue. official: as the official TokenFormer code, old rows copied into a fresh
+init of the larger model (√n of the new count), optimizer state dropped and iteration 0. Train from NEW_DIR
 with `load: NEW_DIR` and the target config; nothing else to set.
 
 The source is only read; its files are checked against its manifest while growing, and nothing is published
@@ -65,8 +68,8 @@ def _layout(config) -> str:
 
 def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: str | None = None,
                     slot_overrides: dict[str, int | None] | None = None, *, zero_new_values: bool = False,
-                    reset_optimizer: bool = False, reset_iteration: bool = False,
-                    allow_shrink: bool = False) -> tuple[Path, GrowthPlan]:
+                    reset_optimizer: bool = False, reset_iteration: bool = False, allow_shrink: bool = False,
+                    growth_mode: str | None = None) -> tuple[Path, GrowthPlan]:
     """Write the grown (or re-sharded) checkpoint of `load` into `save`; its tag directory and the plan."""
     load, save = Path(load), Path(save)
     check_destination(load, save)
@@ -76,7 +79,7 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
         try:
             return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,
                          zero_new_values=zero_new_values, reset_optimizer=reset_optimizer,
-                         reset_iteration=reset_iteration, allow_shrink=allow_shrink)
+                         reset_iteration=reset_iteration, allow_shrink=allow_shrink, growth_mode=growth_mode)
         except Exception:
             if created:
                 shutil.rmtree(save, ignore_errors=True)
@@ -86,10 +89,13 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
 
 def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
           slot_overrides: dict[str, int | None] | None, verified: Callable[[], None], *, zero_new_values: bool,
-          reset_optimizer: bool, reset_iteration: bool, allow_shrink: bool) -> tuple[Path, GrowthPlan]:
+          reset_optimizer: bool, reset_iteration: bool, allow_shrink: bool,
+          growth_mode: str | None) -> tuple[Path, GrowthPlan]:
     """grow_checkpoint's work, publishing only after `verified()` returned (it raises for a corrupt source)."""
     plan = plan_growth(source.config, load_config(configs), slot_overrides, allow_shrink=allow_shrink,
-                       zero_new_values=zero_new_values)
+                       zero_new_values=zero_new_values, mode=growth_mode)
+    reset_optimizer = reset_optimizer or plan.resets_training_state
+    reset_iteration = reset_iteration or plan.resets_training_state
     iteration = 0 if reset_iteration else source.iteration
     writer = CheckpointWriter(
         save, checkpoint_tag(iteration), plan.target, iteration=iteration,
@@ -105,13 +111,17 @@ def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
 
 def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Namespace) -> str:
     size = sum(path.stat().st_size for path in tag_dir.rglob("*") if path.is_file())
-    optimizer = "dropped (--reset-optimizer)" if args.reset_optimizer else "carried over" + (
+    why = "growth mode official" if plan.resets_training_state else None
+    optimizer = f"dropped ({why or '--reset-optimizer'})" if args.reset_optimizer or why else "carried over" + (
         ", new tokens' moments zero" if plan.grows else "")
-    iteration = "restarts at 0 (--reset-iteration)" if args.reset_iteration else "continues"
+    iteration = (f"restarts at 0 ({why or '--reset-iteration'})" if args.reset_iteration or why
+                 else "continues")
     verb = {(True, False): "grew", (False, True): "shrank", (True, True): "resized"}.get(
         (plan.grows, plan.shrinks), "re-sharded")
     lines = [f"{verb} {args.load} into {tag_dir} in {seconds:.1f} s",
              *(f"  {line}" for line in plan.summary()),
+             f"  growth mode: {plan.mode}" + (" (the function is kept)" if plan.mode == "preserve" else
+                                              " (fresh init of the new tokens, √n of the new count)"),
              f"  layout: {_layout(plan.source)} -> {_layout(plan.target)}",
              f"  optimizer state: {optimizer}; iteration and LR schedule: {iteration}",
              f"  wrote {size / 2**20:,.1f} MiB"]
@@ -128,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--config", nargs="+", required=True, help="the target run's YAML files, merged left to right")
     for kind in ("qkv", "proj", "ffn"):
         parser.add_argument(f"--{kind}-slot-num", type=int, help=f"new {kind}_slot_num (default: the target config's)")
+    parser.add_argument("--growth-mode", choices=("preserve", "official"),
+                        help="how new tokens are made (default: the target config's growth_mode): preserve keeps "
+                        "the function; official copies the old rows into a fresh init as the official code does")
     parser.add_argument("--zero-new-values", action="store_true",
                         help="new value tokens zero instead of drawn from the init method (they then never learn)")
     parser.add_argument("--reset-optimizer", action="store_true", help="drop the Adam state instead of growing it")
@@ -143,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
             {"qkv_slot_num": args.qkv_slot_num, "proj_slot_num": args.proj_slot_num,
              "ffn_slot_num": args.ffn_slot_num},
             zero_new_values=args.zero_new_values, reset_optimizer=args.reset_optimizer,
-            reset_iteration=args.reset_iteration, allow_shrink=args.allow_shrink)
+            reset_iteration=args.reset_iteration, allow_shrink=args.allow_shrink, growth_mode=args.growth_mode)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     print(_summary(tag_dir, plan, time.perf_counter() - start, args))

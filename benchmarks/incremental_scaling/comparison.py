@@ -28,7 +28,8 @@ def compute_to_reach(curve: Curve, target: float) -> float | None:
 @dataclass(frozen=True)
 class Comparison:
     small: Curve  # (a)
-    grown: Curve  # (b), its first point the grown checkpoint before any training
+    grown: Curve  # (b), growth_mode preserve; its first point the grown checkpoint before any training
+    official: Curve  # (b'), growth_mode official, likewise
     large: Curve  # (c)
 
     @property
@@ -36,41 +37,45 @@ class Comparison:
         return self.large.final_loss
 
     @property
-    def grown_fraction(self) -> float | None:
-        """Compute (b) needs to reach (c)'s final loss, as a fraction of (c)'s compute; None if it never does."""
-        reached = compute_to_reach(self.grown, self.target)
+    def grown_runs(self) -> tuple[Curve, Curve]:
+        return self.grown, self.official
+
+    def fraction(self, curve: Curve) -> float | None:
+        """Compute `curve` needs to reach (c)'s final loss, as a fraction of (c)'s compute; None if it never does."""
+        reached = compute_to_reach(curve, self.target)
         return None if reached is None else reached / self.large.total_compute
 
-    @property
-    def growth_jump(self) -> float:
-        """Validation loss of the grown model before training minus S's last: 0 if growth preserves the function."""
-        return self.grown.loss[0] - self.small.final_loss
+    def growth_jump(self, curve: Curve) -> float:
+        """A grown run's validation loss before training minus S's last: 0 if growth preserves the function."""
+        return curve.loss[0] - self.small.final_loss
 
     def table(self) -> str:
-        """Markdown: one row per run, then the growth check."""
-        c_compute = self.large.total_compute
+        """Markdown: one row per run, then the growth check of each grown run."""
         rows = ["| run | final valid loss | training compute | compute to reach (c)'s final loss "
                 f"{self.target:.4f} | as a fraction of (c)'s compute |", "| --- | --- | --- | --- | --- |"]
-        for curve in (self.small, self.grown, self.large):
+        for curve in (self.small, *self.grown_runs, self.large):
             reached = compute_to_reach(curve, self.target)
             if reached is None:
                 reach, fraction = f"not reached (ends {curve.final_loss - self.target:+.4f} above)", "—"
             else:
-                reach, fraction = _flops(reached), f"{reached / c_compute:.3f}"
+                reach, fraction = _flops(reached), f"{reached / self.large.total_compute:.3f}"
             rows.append(f"| {curve.label} | {curve.final_loss:.4f} | {_flops(curve.total_compute)} | {reach} | "
                         f"{fraction} |")
         rows.append("")
-        rows.append(f"Growth check: S's last validation loss {self.small.final_loss:.6f}, the grown model's before "
-                    f"training {self.grown.loss[0]:.6f} (difference {self.growth_jump:+.2e}).")
+        rows += [f"Growth check, {curve.label}: S's last validation loss {self.small.final_loss:.6f}, the grown "
+                 f"model's before training {curve.loss[0]:.6f} (difference {self.growth_jump(curve):+.2e})."
+                 for curve in self.grown_runs]
         return "\n".join(rows)
 
     def ratio_line(self) -> str:
-        fraction = self.grown_fraction
-        if fraction is None:
-            gap = self.grown.final_loss - self.target
-            return (f"(b) did not reach (c)'s final loss {self.target:.4f}: it ended {gap:+.4f} above, after "
-                    f"{self.grown.total_compute / self.large.total_compute:.3f} of (c)'s compute")
-        return f"compute ratio (b to reach (c)'s final loss / (c)): {fraction:.3f}"
+        """Each grown run's compute to reach (c)'s final loss over (c)'s, or how far above it ended."""
+        parts = []
+        for name, curve in (("(b) preserve", self.grown), ("(b') official", self.official)):
+            fraction = self.fraction(curve)
+            parts.append(f"{name} {fraction:.3f}" if fraction is not None else
+                         f"{name} not reached ({curve.final_loss - self.target:+.4f} above after "
+                         f"{curve.total_compute / self.large.total_compute:.3f} of (c)'s compute)")
+        return f"compute ratio (grown run to reach (c)'s final loss {self.target:.4f} / (c)): " + ", ".join(parts)
 
 
 def _flops(value: float) -> str:

@@ -20,32 +20,40 @@ from megatron.config import Config
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.parameter_count import count_parameters_by_component
 
-LABELS = {"small": "(a) S from scratch", "grown": "(b) S grown to L", "large": "(c) L from scratch"}
+LABELS = {"small": "(a) S from scratch", "grown": "(b) S grown to L, preserve",
+          "official": "(b') S grown to L, official", "large": "(c) L from scratch"}
+RUNS = {"small": ("small", "a_small"), "grown": ("grown_trained", "b_grown"),
+        "official": ("official_trained", "b_official"), "large": ("large", "c_large")}  # checkpoints, results
 
 
 def build_comparison(results: Path, checkpoints: Callable[[str], Path]) -> tuple[Comparison, dict[str, Config]]:
-    """The three curves; (b)'s starts with the grown checkpoint's score, at S's total compute."""
-    configs = {key: saved_config(checkpoints(name))
-               for key, name in (("small", "small"), ("grown", "grown_trained"), ("large", "large"))}
+    """The four curves; each grown run's starts with the grown checkpoint's score, at S's total compute."""
+    configs = {key: saved_config(checkpoints(checkpoint)) for key, (checkpoint, _) in RUNS.items()}
 
-    def curve(key: str, points: list[tuple[int, float]], start: float = 0.0) -> Curve:
+    def curve(key: str, start: float = 0.0) -> Curve:
+        log_dir = results / RUNS[key][1]
+        points = validation_points(log_dir / "metrics.jsonl")
+        if start and points[0][0] != 0:
+            raise ValueError(f"{log_dir}: no evaluation of the grown checkpoint at iteration 0")
         return validation_curve(LABELS[key], points, configs[key], start)
 
-    small = curve("small", validation_points(results / "a_small" / "metrics.jsonl"))
-    grown_points = validation_points(results / "b_grown" / "metrics.jsonl")
-    if grown_points[0][0] != 0:
-        raise ValueError(f"{results / 'b_grown'}: no evaluation of the grown checkpoint at iteration 0")
-    comparison = Comparison(small, curve("grown", grown_points, small.total_compute),
-                            curve("large", validation_points(results / "c_large" / "metrics.jsonl")))
+    small = curve("small")
+    comparison = Comparison(small, curve("grown", small.total_compute), curve("official", small.total_compute),
+                            curve("large"))
     return comparison, configs
+
+
+def runs(comparison: Comparison) -> dict[str, Curve]:
+    return {"small": comparison.small, "grown": comparison.grown, "official": comparison.official,
+            "large": comparison.large}
 
 
 def setup_table(comparison: Comparison, configs: dict[str, Config]) -> str:
     """Per run: model size, FLOPs per token, steps and tokens trained, tokens per parameter."""
     rows = ["| run | parameters (of which Pattention) | training FLOPs/token | steps | tokens | tokens/parameter |",
             "| --- | --- | --- | --- | --- | --- |"]
-    caption = "Steps and tokens of each run itself: (b)'s after growth (before it, (b) is (a))."
-    for key, curve in (("small", comparison.small), ("grown", comparison.grown), ("large", comparison.large)):
+    caption = "Steps and tokens of each run itself: (b)'s and (b')'s after growth (before it, they are (a))."
+    for key, curve in runs(comparison).items():
         cfg = configs[key]
         args = TokenFormerArgs.from_config(cfg)
         counts = count_parameters_by_component(TokenFormerModel(args, device="meta"))
@@ -63,8 +71,7 @@ def write_report(results: Path, checkpoints: Callable[[str], Path], header: list
     the compute ratio."""
     comparison, configs = build_comparison(results, checkpoints)
     curves = {key: {**curve.to_dict(), "flops_per_step": flops_per_step(configs[key])}
-              for key, curve in (("small", comparison.small), ("grown", comparison.grown),
-                                 ("large", comparison.large))}
+              for key, curve in runs(comparison).items()}
     (results / "curves.json").write_text(json.dumps(curves, indent=1) + "\n", encoding="utf-8")
     plot_comparison(comparison, results / "scaling.png")
     text = "\n\n".join(["\n".join(header), setup_table(comparison, configs), comparison.table(),

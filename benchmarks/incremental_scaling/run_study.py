@@ -4,11 +4,13 @@
         [--work-dir DIR] [--train-iters T] [--grown-iters N] [--eval-interval K]
 
 (a) trains S from scratch (configs/small.yml); (b) grows S's last checkpoint to L (configs/large.yml, 4x the
-parameter tokens) with tools/grow_checkpoint.py and trains it on a fresh, shorter schedule (configs/grown.yml);
-(c) trains L from scratch with (a)'s schedule. All read the same batches in the same order and score the same
+parameter tokens) with tools/grow_checkpoint.py, keeping the function (growth_mode preserve), and trains it on
+a fresh, shorter schedule (configs/grown.yml); (b') does the same growing as the official code does
+(growth_mode official: fresh init of the new tokens, √n of the new count, a fresh optimizer); (c) trains L
+from scratch with (a)'s schedule. All read the same batches in the same order and score the same
 validation batches. Writes WORK_DIR/results/: each run's metrics.jsonl, curves.json (validation loss against
 cumulative training FLOPs, megatron/model/flops.py), table.md and scaling.png; prints the table and, last, the
-compute (b) needs to reach (c)'s final validation loss as a fraction of (c)'s. The study owns WORK_DIR's
+compute (b) and (b') need to reach (c)'s final validation loss as fractions of (c)'s. The study owns WORK_DIR's
 checkpoints/ and results/ and replaces them on every run.
 """
 
@@ -96,7 +98,8 @@ def check_inputs(study: Study) -> None:
         raise ConfigError(f"(b)'s schedule (lr_decay_iters {steps}, exit_interval {grown.exit_interval}) must end "
                           f"where the run does, within train_iters {small.train_iters}, on a multiple of "
                           f"eval_interval {grown.eval_interval} (so its last step is evaluated)")
-    print("growth: " + ", ".join(plan_growth(small, large).summary()), flush=True)
+    plans = [plan_growth(small, large, mode=mode) for mode in ("preserve", "official")]
+    print("growth: " + ", ".join(plans[0].summary()), flush=True)
 
 
 def run(study: Study) -> dict[str, float]:
@@ -108,15 +111,16 @@ def run(study: Study) -> dict[str, float]:
     def train(name: str, configs: list[Path], log_dir: str, **overrides: object) -> tuple[str, list[str]]:
         return name, train_command(configs, {**overrides, "log_dir": study.results / log_dir})
 
-    steps = [
-        train("a_small", study.configs(SMALL), "a_small", save=ckpt("small"), load=ckpt("small")),
-        ("grow", grow_command(ckpt("small"), ckpt("grown"), large, reset_iteration=True)),
-        # (b)'s first point: the grown checkpoint scored before any training, at iteration 0 of its metrics.
-        train("b_growth_point", large, "b_grown", load=ckpt("grown"), save=None, eval_only="true"),
-        train("b_grown", study.configs(LARGE, GROWN), "b_grown", load=ckpt("grown"), save=ckpt("grown_trained"),
-              **study.grown_overrides),
-        train("c_large", large, "c_large", save=ckpt("large"), load=ckpt("large")),
-    ]
+    steps = [train("a_small", study.configs(SMALL), "a_small", save=ckpt("small"), load=ckpt("small"))]
+    for mode, grown, results in (("preserve", "grown", "b_grown"), ("official", "official", "b_official")):
+        steps += [
+            (f"grow_{mode}", grow_command(ckpt("small"), ckpt(grown), large, mode)),
+            # the grown run's first point: the grown checkpoint scored before any training, at iteration 0
+            train(f"{results}_growth_point", large, results, load=ckpt(grown), save=None, eval_only="true"),
+            train(results, study.configs(LARGE, GROWN), results, load=ckpt(grown), save=ckpt(f"{grown}_trained"),
+                  **study.grown_overrides),
+        ]
+    steps.append(train("c_large", large, "c_large", save=ckpt("large"), load=ckpt("large")))
     return {name: run_stage(name, command, study.results / "logs" / f"{name}.log") for name, command in steps}
 
 

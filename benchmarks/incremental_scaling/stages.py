@@ -23,11 +23,11 @@ def train_command(configs: list[Path], overrides: dict[str, object]) -> list[str
     return [sys.executable, "deepy.py", "train.py", *map(str, configs), *pairs]
 
 
-def grow_command(load: Path, save: Path, configs: list[Path], reset_iteration: bool) -> list[str]:
-    """Grow `load`'s newest checkpoint into `save` with the target run's configs."""
-    command = [sys.executable, str(GROW_TOOL), "--load", str(load), "--save", str(save),
-               "--config", *map(str, configs)]
-    return command + (["--reset-iteration"] if reset_iteration else [])
+def grow_command(load: Path, save: Path, configs: list[Path], growth_mode: str) -> list[str]:
+    """Grow `load`'s newest checkpoint into `save` with the target run's configs, starting a new stage
+    (iteration 0: the grown run's own schedule)."""
+    return [sys.executable, str(GROW_TOOL), "--load", str(load), "--save", str(save), "--config", *map(str, configs),
+            "--growth-mode", growth_mode, "--reset-iteration"]
 
 
 def run_stage(name: str, command: list[str], log_path: Path) -> float:

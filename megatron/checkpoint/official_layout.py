@@ -81,8 +81,11 @@ def from_official(official: Mapping[str, Tensor], args: TokenFormerArgs) -> dict
     return state
 
 
-def to_official(state: Mapping[str, Tensor], num_layers: int) -> dict[str, Tensor]:
-    """The official layout of TokenFormerModel's state dict."""
+def to_official(state: Mapping[str, Tensor], num_layers: int, pattention_tau: float) -> dict[str, Tensor]:
+    """The official layout of TokenFormerModel's state dict, of a model whose config has `pattention_tau`."""
+    if pattention_tau != 1.0:
+        raise ValueError(f"pattention_tau = {pattention_tau}: the official code has no such factor (its scores are "
+                         "X * K^T), so the model cannot be exported to its layout; only pattention_tau 1 can")
     official = {}
     for name, tensor in state.items():
         if name.endswith(_TOKEN_COUNT):

@@ -117,8 +117,11 @@ _MODEL = (
     Key("norm_activation_type", str, "l2_norm_gelu", "model",
         "Score normalisation of Pattention: Theta in Theta(tau * X * K^T).",
         choices=("l2_norm_gelu", "gelu_l2_norm", "softmax")),
-    Key("pattention_tau", float, 1.0, "model", "Scale tau applied to the Pattention scores X * K^T before Theta.",
-        valid_range=POSITIVE),
+    Key("pattention_tau", float, 1.0, "model",
+        "Factor on the Pattention scores X * K^T before Theta. Not the paper's tau: there tau is the sqrt(n) "
+        "factor, which l2_norm_gelu and gelu_l2_norm apply themselves; this key has no effect under "
+        "l2_norm_gelu (the L2 normalisation cancels it) and the official layout cannot hold a value other than "
+        "1 (export refuses it).", valid_range=POSITIVE),
     Key("init_method", str, "normal", "model", "Initialisation of every weight except layer outputs.",
         choices=_INIT_METHODS),
     Key("output_layer_init_method", str, "scaled_normal", "model",
@@ -251,7 +254,18 @@ _CHECKPOINT = (
         "Checkpoint (a `save` directory) of a smaller model to grow from when `load` holds no checkpoint: its "
         "parameter tokens are grown to this config's slot counts in memory, as tools/grow_checkpoint.py grows "
         "them (docs/growth.md). Weights and Adam moments carry over; iteration, data position and LR schedule "
-        "start at 0, a new stage as in the official TokenFormer code."),
+        "start at 0, a new stage as in the official TokenFormer code. How new tokens are made: growth_mode."),
+    Key("pretrain_partial_init_reset_optimizer", bool, False, "checkpoint",
+        "With pretrain_partial_init: start the optimizer afresh (no Adam moments, step 0) instead of carrying "
+        "the smaller model's state over (tools/grow_checkpoint.py --reset-optimizer). Implied by growth_mode "
+        "official."),
+    Key("growth_mode", str, "preserve", "checkpoint",
+        "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens. preserve: "
+        "zero keys, values from the init, and sqrt(n) kept at the old token count, so the grown model computes "
+        "the same function; Adam state carried over. official: as the official TokenFormer code "
+        "(custom_load_fn_incremental): the old rows copied into a freshly initialised larger model, so new "
+        "keys and values come from the init and sqrt(n) is the new count (the function changes), a fresh "
+        "optimizer and iteration 0; softmax can grow. docs/growth.md.", choices=("preserve", "official")),
     Key("eval_ckpt", str, None, "checkpoint",
         "Weights file generate.py and eval.py load instead of `load`: the official release's pytorch_model.bin "
         "or an export (model.safetensors, pytorch_model.bin; docs/inference.md)."),

@@ -7,11 +7,12 @@ stay fixed (model/frozen_tokens.py), and only the tokens growth appended learn; 
 as usual.
 
 A frozen run's optimizer holds state for the trainable rows only, so its checkpoints record what was frozen
-(checkpoint/growth_record.py). A checkpoint the grow tool wrote keeps its optimizer state per whole parameter (checkpoint/portable.py):
-it fits any freeze, and the rows a frozen run trains keep their fp32 masters, Adam's moments and step
-(checkpoint/engine_state.py), as with pretrain_partial_init. When a DeepSpeed checkpoint's optimizer state was saved with
-another freeze, only its weights are loaded: Adam's moments restart at zero, and where the run keeps fp32
-master weights (bf16) they restart from the loaded bf16 weights, losing what the masters held beyond bf16.
+(checkpoint/growth_record.py). A checkpoint the grow tool wrote keeps its optimizer state per whole parameter
+(checkpoint/portable.py): it fits any freeze, and the rows a frozen run trains keep their fp32 masters, Adam's
+moments and step (checkpoint/engine_state.py), as with pretrain_partial_init. When a DeepSpeed checkpoint's
+optimizer state was saved with another freeze, only its weights are loaded: Adam's moments restart at zero,
+and where the run keeps fp32 master weights (bf16) they restart from the loaded bf16 weights, losing what the
+masters held beyond bf16.
 """
 
 from __future__ import annotations

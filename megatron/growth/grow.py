@@ -1,6 +1,6 @@
 """Grow one parameter's training state, whole, as the plan says (TokenFormer §3.3, docs/growth.md).
 
-For each Pattention with n → n' tokens:
+For each Pattention with n → n' tokens, in growth mode `preserve`:
   key tokens    the n old rows bit-exact, then n' − n zero rows: a zero key scores 0 for every input,
                 which adds nothing to the L2 norm of Θ and gets weight GeLU(0) = 0, so the grown layer
                 computes the same function;
@@ -12,6 +12,11 @@ For each Pattention with n → n' tokens:
   n of √n       (`norm_token_count`) stays the old n, which keeps the normalisation, hence the function.
 Shrinking (n' < n) keeps the first n' rows and normalises with min(n, n'): lossy, except that it undoes an
 untrained growth exactly. Every other entry passes unchanged.
+
+In growth mode `official`, as the official code's custom_load_fn_incremental: the old rows of keys and values
+copied into a fresh init of the target model (new key and value rows drawn as above) and n of √n the new
+count n' (a fresh model's): the grown model computes another function. Its users start the optimizer and the
+iteration afresh (GrowthPlan.resets_training_state), as that code does. Every other entry passes unchanged.
 """
 
 from __future__ import annotations
@@ -53,10 +58,12 @@ def grown_state(name: str, state: ParameterState, plan: GrowthPlan) -> Parameter
         return state
     slot_key, leaf = entry
     count = plan.new_tokens[slot_key]
+    official = plan.mode == "official"
     if leaf == "norm_token_count":
-        return ParameterState(torch.clamp(state.weight, max=count))
+        kept = torch.full_like(state.weight, count) if official else torch.clamp(state.weight, max=count)
+        return ParameterState(kept)
     width = state.weight.shape[1]
-    if leaf == "key_param_tokens" or plan.zero_new_values:
+    if (leaf == "key_param_tokens" and not official) or plan.zero_new_values:
         weight = _resized(state.weight, count)
     else:  # rows old.. of the init a fresh model of the target size draws
         weight = _resized(state.weight, count, lambda grown: initial_value(

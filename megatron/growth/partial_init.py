@@ -1,11 +1,12 @@
 """`pretrain_partial_init`: start a run from a smaller model's checkpoint, grown in memory (docs/growth.md).
 
 When `load` holds no checkpoint, every rank opens the newest checkpoint in `pretrain_partial_init`, grows
-each entry of its own model part with the plan and functions tools/grow_checkpoint.py uses, and keeps this
-tensor rank's block: into the module go the weights and buffers (the Pattentions' stored token counts),
-into the optimizer the fp32 masters, Adam's moments and step (checkpoint/engine_state.py). As in the official TokenFormer
-code this starts a new stage: iteration, consumed samples, and so the LR schedule and data position, start
-at 0; the source's iteration is not carried over.
+each entry of its own model part with the plan and functions tools/grow_checkpoint.py uses (in the config's
+growth_mode), and keeps this tensor rank's block: into the module go the weights and buffers (the
+Pattentions' stored token counts), into the optimizer the fp32 masters and, unless the optimizer starts afresh
+(pretrain_partial_init_reset_optimizer, or growth_mode official), Adam's moments and step
+(checkpoint/engine_state.py). As in the official TokenFormer code this starts a new stage: iteration, consumed
+samples, and so the LR schedule and data position, start at 0; the source's iteration is not carried over.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ def grow_into(engine, cfg) -> None:
     source = open_checkpoint(cfg.pretrain_partial_init)
     plan = plan_growth(source.config, cfg)
     check_entries(source.names(), plan)
+    fresh_optimizer = cfg.pretrain_partial_init_reset_optimizer or plan.resets_training_state
     pipelined = cfg.pipe_parallel_size >= 1
     dims = split_dimensions(plan.model_args)
     rank, ranks = mpu.get_tensor_parallel_rank(), mpu.get_tensor_parallel_world_size()
 
     def own_block(name: str, state: ParameterState) -> ParameterState:
+        if fresh_optimizer:
+            state = state.without_moments()
         if dims[name] is None:
             return state
         return state.map(lambda tensor: tensor.chunk(ranks, dims[name])[rank].clone())
@@ -41,5 +45,5 @@ def grow_into(engine, cfg) -> None:
     blocks = {name: own_block(name, grown_state(name, source.state(name), plan)) for name in set(entries.values())}
     with torch.no_grad():
         module.load_state_dict({entry: blocks[name].weight for entry, name in entries.items()})
-    load_parameter_states(engine, blocks.__getitem__, source.optimizer_step,
+    load_parameter_states(engine, blocks.__getitem__, None if fresh_optimizer else source.optimizer_step,
                           module_model_names(module, cfg.num_layers, pipelined))

@@ -4,8 +4,11 @@ Growth (TokenFormer §3.3) appends parameter tokens to Pattention layers; re-sha
 another tensor/pipeline layout; one run of the tool may do both. Neither can change anything else that
 shapes the weights or defines the function the model computes, so the source checkpoint's config and the
 target config must agree on every such key. Every problem (a differing key, an unannounced shrink, a
-token count the target's tensor ranks cannot split, growth under softmax) is reported in one ConfigError
-before any tensor is read.
+token count the target's tensor ranks cannot split, function-preserving growth under softmax) is reported in
+one ConfigError before any tensor is read.
+
+Two modes make the new tokens (grow.py, docs/growth.md): `preserve` keeps the function the model computes,
+`official` does what the official TokenFormer code does.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from megatron.mpu import full_shape
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 
 SLOT_KEYS = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num")
+GROWTH_MODES = ("preserve", "official")
 
 # The config key setting the token count of each Pattention, by its module name inside a layer
 # (attention.py, layer.py).
@@ -43,7 +47,8 @@ SOFTMAX_GROWTH = (
     "input, and softmax gives it weight exp(0) in the normaliser, so it takes probability mass from the old "
     "tokens and the grown model computes another function (no key is zero for every input, so no choice of "
     "new keys avoids it). The l2 variants (l2_norm_gelu, gelu_l2_norm) grow exactly: a zero score adds 0 to "
-    "the L2 norm and GeLU(0) = 0. Keep the slot counts to re-shard only"
+    "the L2 norm and GeLU(0) = 0. Keep the slot counts to re-shard only, or grow as the official code does "
+    "(growth_mode official: new keys from the init, the function changes)"
 )
 
 
@@ -78,6 +83,12 @@ class GrowthPlan:
     target_shapes: dict[str, tuple[int, ...]]
     roles: dict[str, InitRole]
     zero_new_values: bool = False
+    mode: str = "preserve"
+
+    @property
+    def resets_training_state(self) -> bool:
+        """Official growth starts a new run: no optimizer state, iteration 0 (as the official code does)."""
+        return self.mode == "official"
 
     @cached_property
     def model_args(self) -> TokenFormerArgs:
@@ -100,9 +111,10 @@ class GrowthPlan:
         return (self.old_tokens[entry[0]], *shape[1:])
 
     def growth_record(self, source_record: dict | None) -> dict | None:
-        """The grown checkpoint's growth.json (checkpoint/growth_record.py): each kind's token count before this growth (all of
-        its tokens where it did not grow, those of an earlier growth where the source was grown before); None
-        when neither grew. `frozen` describes the source run's optimizer state, not the output's: dropped."""
+        """The grown checkpoint's growth.json (checkpoint/growth_record.py): each kind's token count before this
+        growth (all of its tokens where it did not grow, those of an earlier growth where the source was grown
+        before); None when neither grew. `frozen` describes the source run's optimizer state, not the output's:
+        dropped."""
         earlier = (source_record or {}).get("grown_from", {})
         grew = [key for key in SLOT_KEYS if self.new_tokens[key] > self.old_tokens[key]]
         if not grew and not earlier:
@@ -138,8 +150,8 @@ def _differences(source: Config, target: Config, source_vocab: int, target_vocab
             "may change: set the other keys as in the source's config.json"]
 
 
-def _token_count_problems(old: Mapping[str, int], new: Mapping[str, int], target: Config,
-                          allow_shrink: bool) -> list[str]:
+def _token_count_problems(old: Mapping[str, int], new: Mapping[str, int], target: Config, allow_shrink: bool,
+                          mode: str) -> list[str]:
     problems = []
     tp = target.model_parallel_size
     for key in SLOT_KEYS:
@@ -151,15 +163,26 @@ def _token_count_problems(old: Mapping[str, int], new: Mapping[str, int], target
             choices = f"{lower} or {higher}" if lower else f"{higher}"
             problems.append(f"{key} {new[key]} is not divisible by the target's model_parallel_size {tp}, which "
                             f"splits each Pattention's tokens evenly: use a multiple of {tp}, e.g. {choices}")
-    if target.norm_activation_type == "softmax" and any(new[key] > old[key] for key in SLOT_KEYS):
+    grows = any(new[key] > old[key] for key in SLOT_KEYS)
+    if mode == "preserve" and target.norm_activation_type == "softmax" and grows:
         problems.append(SOFTMAX_GROWTH)
     return problems
 
 
+def _mode_problems(mode: str, zero_new_values: bool) -> list[str]:
+    if mode not in GROWTH_MODES:
+        return [f"growth mode {mode!r} is not one of {', '.join(GROWTH_MODES)}"]
+    if mode == "official" and zero_new_values:
+        return ["zero new values do not go with growth_mode official, which draws new keys and values from the "
+                "init as the official code does: drop --zero-new-values, or grow with growth_mode preserve"]
+    return []
+
+
 def plan_growth(source: Config, target: Config, slot_overrides: Mapping[str, int | None] | None = None, *,
-                allow_shrink: bool = False, zero_new_values: bool = False) -> GrowthPlan:
+                allow_shrink: bool = False, zero_new_values: bool = False, mode: str | None = None) -> GrowthPlan:
     """The plan growing a checkpoint saved with `source` into the model `target` describes, with
-    `slot_overrides` (e.g. {"ffn_slot_num": 512}; None entries ignored) taking precedence over its slot counts.
+    `slot_overrides` (e.g. {"ffn_slot_num": 512}; None entries ignored) taking precedence over its slot counts,
+    in growth mode `mode` (default: the target's growth_mode).
 
     Raises one ConfigError naming every problem.
     """
@@ -170,9 +193,10 @@ def plan_growth(source: Config, target: Config, slot_overrides: Mapping[str, int
     old = {key: getattr(source, key) for key in SLOT_KEYS}
     new = {key: overrides.get(key, getattr(target, key)) for key in SLOT_KEYS}
     source_vocab, target_vocab = padded_vocabulary(source), padded_vocabulary(target)
-    raise_if_any(_differences(source, target, source_vocab, target_vocab)
-                 + _token_count_problems(old, new, target, allow_shrink))
-    final = Config.from_dict({**target.to_dict(), **new, "padded_vocab_size": target_vocab})
+    mode = target.growth_mode if mode is None else mode
+    raise_if_any(_mode_problems(mode, zero_new_values) + _differences(source, target, source_vocab, target_vocab)
+                 + _token_count_problems(old, new, target, allow_shrink, mode))
+    final = Config.from_dict({**target.to_dict(), **new, "padded_vocab_size": target_vocab, "growth_mode": mode})
     model = TokenFormerModel(TokenFormerArgs.from_config(final), device="meta")
     shapes = {name: full_shape(tensor) for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
-    return GrowthPlan(source, final, old, new, shapes, parameter_roles(model), zero_new_values)
+    return GrowthPlan(source, final, old, new, shapes, parameter_roles(model), zero_new_values, mode)

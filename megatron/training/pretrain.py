@@ -43,9 +43,10 @@ class RunState:
     exit_reason: str | None = None
 
 
-def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None):
+def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, deepspeed_extra: dict | None = None):
     """Tokenizer (for the vocabulary size), model, optimizer and the DeepSpeed engine; `frozen_tokens`: the
-    leading parameter tokens of each Pattention kind kept out of training (growth/freezing.py)."""
+    leading parameter tokens of each Pattention kind kept out of training (growth/freezing.py);
+    `deepspeed_extra`: sections added to DeepSpeed's config (e.g. {"checkpoint": {"load_universal": True}})."""
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
     cfg.padded_vocab_size = pad_vocab_size(
         tokenizer.vocab_size, cfg.make_vocab_size_divisible_by, cfg.model_parallel_size
@@ -70,7 +71,8 @@ def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None):
     # block once in the gradient norm and names checkpoint files by tensor-parallel rank. A pipeline
     # brings DeepSpeed's own groups instead, built from the same rank layout (mpu.pipeline_topology).
     engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=deepspeed_config(cfg), dist_init_required=False,
+        model=model, optimizer=optimizer, config={**deepspeed_config(cfg), **(deepspeed_extra or {})},
+        dist_init_required=False,
         mpu=None if pipelined else mpu,
     )
     return engine, optimizer, model_args
