@@ -36,7 +36,6 @@ from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, index_file_
 from megatron.model import TokenFormerArgs, flops_per_token
 from megatron.training.data import batch_iterator
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = ("150M", "450M", "900M", "1-5B")

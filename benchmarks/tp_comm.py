@@ -26,7 +26,6 @@ from megatron.model.layer import TokenFormerLayer
 from megatron.mpu.collectives import count_collectives
 from tests.distributed import run_on_ranks
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = ("150M", "450M", "900M", "1-5B")
