@@ -6,8 +6,10 @@
 Config files merge left to right; `key=value` arguments override single keys
 (the value is read as YAML: `train_iters=100`, `optimizer={type: Adam, params: {lr: 0.001}}`).
 Everything is checked here, before any process starts: the config, the
-hostfile and include/exclude, the launcher's tools and ssh reachability. The
-config is printed once and passed to every rank. `launcher` picks how ranks
+hostfile and include/exclude, the launcher's tools and ssh reachability, and
+the files the run reads (launch/preflight.py). The config is printed once and
+passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
+stops (launch/supervise.py). `launcher` picks how ranks
 start (docs/cluster.md): DeepSpeed's runner (pdsh, the default: `num_gpus`
 local processes, or the hosts of a hostfile), srun (slurm) or mpirun
 (openmpi, mpich).
@@ -16,11 +18,11 @@ local processes, or the hosts of a hostfile), srun (slurm) or mpirun
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 from megatron.config import ConfigError, check_run_inputs, inactive_keys, load_config
+from megatron.config.validate import raise_if_any
 from megatron.launch import (
     check_launcher,
     check_reachable,
@@ -30,6 +32,8 @@ from megatron.launch import (
     process_slots,
     world_size,
 )
+from megatron.launch.preflight import preflight_problems
+from megatron.launch.supervise import run_launcher
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"
 
@@ -58,6 +62,7 @@ def main(argv: list[str]) -> int:
         check_run_inputs(cfg, device)
         check_launcher(cfg, slots)
         check_reachable(cfg, slots)
+        raise_if_any(preflight_problems(cfg, slots))
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
@@ -66,8 +71,7 @@ def main(argv: list[str]) -> int:
         print(f"note: {key} has no effect here: {reason}", flush=True)
     command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
     print(f"launching {world_size(slots)} processes: {shlex.join(command[:-1])} <config>", flush=True)
-    returncode = subprocess.call(command)
-    return returncode if returncode >= 0 else 128 - returncode
+    return run_launcher(command, script)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.config import Config
 from megatron.inference import load_model
 from megatron.inference.distributed import initialize_inference, is_output_rank
@@ -66,5 +68,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--megatron_config", required=True, help="resolved config from deepy.py")
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
-    main(decode_config(parser.parse_args().megatron_config))
-    leave_process_group()
+    try:
+        main(decode_config(parser.parse_args().megatron_config))
+    except CheckpointUnreadable as error:  # every rank found the same damage: one message, not one traceback each
+        if is_output_rank():
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    finally:
+        leave_process_group()

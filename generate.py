@@ -3,18 +3,21 @@
 
     python deepy.py generate.py configs/demo.yml configs/text_generation.yml [key=value ...]
 
-Loads the checkpoint in `load` (any layout it was saved with), splits it over model_parallel_size
-processes (num_gpus must equal model_parallel_size), and writes sample_output_file (jsonl). Modes, sampling
-keys and the output format: docs/inference.md.
+Loads the checkpoint in `load` (any layout it was saved with; a damaged one, by its manifest, stops the
+run with one message naming the files), splits it over model_parallel_size processes (num_gpus must equal
+model_parallel_size), and writes sample_output_file (jsonl). Modes, sampling keys and the output format:
+docs/inference.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.config import Config
 from megatron.inference import load_model
-from megatron.inference.distributed import initialize_inference
+from megatron.inference.distributed import initialize_inference, is_output_rank
 from megatron.inference.text_generation import generate_samples
 from megatron.launch import decode_config
 from megatron.launch.process_group import leave_process_group
@@ -32,5 +35,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--megatron_config", required=True, help="resolved config from deepy.py")
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
-    main(decode_config(parser.parse_args().megatron_config))
-    leave_process_group()
+    try:
+        main(decode_config(parser.parse_args().megatron_config))
+    except CheckpointUnreadable as error:  # every rank found the same damage: one message, not one traceback each
+        if is_output_rank():
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    finally:
+        leave_process_group()

@@ -419,3 +419,15 @@ def test_inactive_keys_report_only_changed_values():
 
 def test_docs_are_up_to_date():
     assert DOC_PATH.read_text(encoding="utf-8") == render(), "run: python -m megatron.config.docs"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("num_layers: 2\nhidden_size: 64\nnum_layers: 4\n", "key 'num_layers' is given twice, on lines 1 and 3"),
+    ("optimizer:\n  type: Adam\n  params: {lr: 0.1,\n           lr: 0.2}\n",
+     "key 'lr' is given twice, on lines 3 and 4"),
+])
+def test_a_key_given_twice_in_one_file_names_both_lines(tmp_path, text, message):
+    path = tmp_path / "twice.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML: {message}; keep one of them"):
+        load_config([path])

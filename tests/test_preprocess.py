@@ -14,6 +14,7 @@ import zstandard
 from tokenizers import Tokenizer
 
 from megatron.data.corpus_reader import RawRecord, expand_inputs
+from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.preprocess import _chunks, output_prefix_for, preprocess_corpus
 from megatron.tokenizer import AbstractTokenizer, build_tokenizer
@@ -294,3 +295,48 @@ def test_dataset_stats_tool(tmp_path, hf_tokenizer_file):
     broken = subprocess.run([sys.executable, "tools/dataset_stats.py", str(tmp_path / "d_text_document")],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert broken.returncode == 1 and "truncated or mismatched" in broken.stderr
+
+
+def test_no_documents_is_an_error_that_keeps_the_existing_dataset(tmp_path, hf_tokenizer_file):
+    """A binary file and an empty one give no document: exit 1 naming them, and the good dataset stays whole."""
+    good = write_jsonl(tmp_path / "good.jsonl", [{"text": "sample sentence"}, {"text": "with words"}])
+    common = ["--output-prefix", str(tmp_path / "out"), "--tokenizer-type", "HFTokenizer", "--vocab-file",
+              hf_tokenizer_file, "--workers", "2", "--no-progress"]
+    assert run_tool("--input", good, *common).returncode == 0
+    prefix = str(tmp_path / "out_text_document")
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path) if name.startswith("out_")}
+    assert set(before) == {"out_text_document.bin", "out_text_document.idx", "out_text_document.stats.json"}
+    binary = tmp_path / "a.txt"
+    binary.write_bytes(bytes(range(256)) * 40)
+    empty = tmp_path / "b.jsonl"
+    empty.write_bytes(b"")
+    result = run_tool("--input", f"{binary},{empty}", *common)
+    assert result.returncode == 1
+    assert f"error: no documents in {binary}, {empty}: every line was skipped (1 invalid UTF-8; " in result.stderr
+    after = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path) if name.startswith("out_")}
+    assert after == before
+    assert len(MMapIndexedDataset(prefix)) == 2
+    with pytest.raises(ValueError, match=f"no documents in {empty}: the inputs are empty"):
+        preprocess_corpus([str(empty)], str(tmp_path / "out"), CHAR_LEVEL, show_progress=False)
+    assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path) if name.startswith("out_")} == before
+
+
+def test_published_datasets_record_their_largest_token_id(tmp_path):
+    """PREFIX.stats.json: the .bin's size and mtime and its largest id, so launches need not scan the .bin."""
+    path = write_jsonl(tmp_path / "in.jsonl", [{"title": "Az", "text": "abc~"}, {"title": "B", "text": "z"}])
+    preprocess_corpus([path], str(tmp_path / "out"), CHAR_LEVEL, jsonl_keys=["text", "title"], workers=2,
+                      chunk_size=1, show_progress=False)
+    for key, largest in (("text", ord("~")), ("title", ord("z"))):
+        prefix = output_prefix_for(str(tmp_path / "out"), key)
+        status = os.stat(prefix + ".bin")
+        with open(prefix + ".stats.json") as stream:
+            assert json.load(stream) == {
+                "bin_bytes": status.st_size, "bin_mtime_ns": status.st_mtime_ns, "max_token_id": largest
+            }
+        assert dataset_problems("data_path", prefix, largest + 1) == []
+        assert f"token ids up to {largest} but" in dataset_problems("data_path", prefix, largest)[0]
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".lock")]  # read, never scanned
+    preprocess_corpus([write_jsonl(tmp_path / "two.jsonl", [{"text": "a"}])], str(tmp_path / "out"), CHAR_LEVEL,
+                      show_progress=False)
+    with open(output_prefix_for(str(tmp_path / "out"), "text") + ".stats.json") as stream:
+        assert json.load(stream)["max_token_id"] == ord("a")

@@ -90,6 +90,11 @@ def test_only_good_documents_come_out_and_every_bad_line_is_reported(files, dama
             assert damage is not None and f"cannot read input {damaged}" in str(error), error
             assert sorted(p.name for p in Path(directory).iterdir() if p.name.startswith("out")) == []
             return
+        except ValueError as error:  # no good document anywhere: an error, and no output (issue 21)
+            assert str(error).startswith(f"no documents in {paths[0]}"), error
+            assert not any(text is not None for _, _, file_records in files for _, text in file_records)
+            assert sorted(p.name for p in Path(directory).iterdir() if p.name.startswith("out")) == []
+            return
         assert damage is None, "a damaged compressed file must not pass"
         records = [record for _, _, file_records in files for record in file_records]
         eod = [CHAR_LEVEL.eod] if append_eod else []

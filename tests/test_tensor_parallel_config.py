@@ -52,6 +52,6 @@ def test_resuming_with_another_tensor_parallel_size_is_refused_with_the_fix(tmp_
     (tmp_path / "global_step10").mkdir()
     (tmp_path / "global_step10" / "config.json").write_text(json.dumps({"model_parallel_size": 2}))
     (tmp_path / "latest").write_text("global_step10")
-    cfg = SimpleNamespace(load=str(tmp_path), model_parallel_size=4)
+    cfg = SimpleNamespace(load=str(tmp_path), model_parallel_size=4, pipe_parallel_size=0)
     with pytest.raises(ConfigError, match="saved with model_parallel_size=2 .* resume with model_parallel_size=2"):
         load_checkpoint(engine=None, cfg=cfg, tag="global_step10")

@@ -8,8 +8,10 @@ glob patterns, read in the order given (a pattern's matches sorted).
 Example:
     python tools/preprocess_data.py --input 'pile/train/*.jsonl.zst' --output-prefix data/pile \\
         --tokenizer-type HFTokenizer --vocab-file data/20B_tokenizer.json --append-eod --workers 8
-writes data/pile_text_document.bin/.idx; train with data_path data/pile_text_document.
-Outputs appear only when the whole run succeeded; malformed lines are skipped and listed by file:line.
+writes data/pile_text_document.bin/.idx (and .stats.json, its largest token id, which launches check against the
+vocabulary); train with data_path data/pile_text_document. Outputs appear only when the whole run succeeded with at
+least one document (inputs giving none are an error, and an older dataset at that prefix is kept); malformed lines
+are skipped and listed by file:line.
 """
 
 import argparse

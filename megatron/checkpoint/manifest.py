@@ -142,14 +142,15 @@ def read_manifest(directory: Path) -> list[FileRecord] | None:
         raise ValueError(f"{path} is not a valid manifest ({error!r})") from None
 
 
-def file_problems(directory: Path, record: FileRecord) -> list[str]:
-    """What is wrong with one file compared to its record ([] if it matches)."""
+def file_problems(directory: Path, record: FileRecord, hashed: bool = True) -> list[str]:
+    """What is wrong with one file compared to its record ([] if it matches); `hashed` False compares the
+    size only (a quick look before launch, not a verification)."""
     path = directory / record.name
     if not path.is_file():
         return [f"{record.name} is missing"]
     size = path.stat().st_size
     if size != record.size:
         return [f"{record.name} has {size} bytes, the manifest says {record.size} (truncated or overwritten)"]
-    if _sha256(path) != record.sha256:
+    if hashed and _sha256(path) != record.sha256:
         return [f"{record.name} does not match its SHA-256 in the manifest (corrupted)"]
     return []

@@ -1,4 +1,4 @@
-"""Open checkpoint files without running code from them, and refuse ones that do not fit the model.
+"""Open checkpoint files without running code from them (whether one fits the model: compatibility.py).
 
 A `.pt` file is a pickle, and unpickling can call any function the file names.
 Our own reads use `torch.load(weights_only=True)`, which only rebuilds tensors
@@ -11,7 +11,6 @@ the checkpoint refused (docs/reliability.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +50,3 @@ def unpickling_problems(directory: Path, name: str) -> list[str]:
 def load_weights_only(path: Path) -> Any:
     """`torch.load` that cannot run code from the file; memory-mapped, so reading shapes costs no copy."""
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-
-
-def refuse_if_model_differs(model_file: Path, model: torch.nn.Module) -> None:
-    """Name every tensor of `model_file` that does not fit `model`, before DeepSpeed's strict load fails on the
-    first. (Pipeline checkpoints keep no weights in this file; DeepSpeed's strict per-layer load checks them.)"""
-    saved = load_weights_only(model_file).get("module") if model_file.is_file() else None
-    mismatched = mismatched_tensors(saved, model.state_dict()) if saved else []
-    if mismatched:
-        raise CheckpointRefused(
-            f"{model_file} does not fit this model; was it saved with another model shape (see its config.json)? "
-            f"{len(mismatched)} tensors differ:\n  " + "\n  ".join(mismatched))
-
-
-def mismatched_tensors(saved: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> list[str]:
-    """One line per tensor whose name or shape differs between a checkpoint and the model."""
-    lines = [f"{name}: checkpoint {list(saved[name].shape)}, model {list(expected[name].shape)}"
-             for name in sorted(saved.keys() & expected.keys()) if saved[name].shape != expected[name].shape]
-    lines += [f"{name}: in the model, not in the checkpoint" for name in sorted(expected.keys() - saved.keys())]
-    lines += [f"{name}: in the checkpoint, not in the model" for name in sorted(saved.keys() - expected.keys())]
-    return lines

@@ -22,7 +22,6 @@ to the newest intact checkpoint (selection.py).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -36,13 +35,14 @@ from megatron.checkpoint.commit import (
     reporting_write_failures,
     staging_directory,
 )
+from megatron.checkpoint.compatibility import layout_problems, tensor_problems
 from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, check_supported, optimizer_parameter_names
 from megatron.checkpoint.growth_record import write_growth_record
 from megatron.checkpoint.portable import is_portable
 from megatron.checkpoint.portable_restore import restore_portable_state
 from megatron.checkpoint.rng_state import capture_rng_state, restore_rng_state
-from megatron.checkpoint.safety import load_weights_only, refuse_if_model_differs
-from megatron.config import ConfigError
+from megatron.checkpoint.safety import load_weights_only
+from megatron.config.validate import raise_if_any
 
 
 def checkpoint_tag(iteration: int) -> str:
@@ -79,32 +79,18 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_r
     return directory
 
 
-def _check_parallel_layout(directory: Path, cfg) -> None:
-    """DeepSpeed would load block mp_rank_XX of another split, or look for per-layer files a plain model
-    did not write, and fail on shapes or missing files; say what is wrong."""
-    saved_config = directory / "config.json"
-    if not saved_config.is_file():
-        return
-    saved = json.loads(saved_config.read_text(encoding="utf-8"))
-    for key, default in (("model_parallel_size", 1), ("pipe_parallel_size", 0)):
-        if saved.get(key, default) != getattr(cfg, key):
-            raise ConfigError(
-                f"load: {directory} was saved with {key}={saved.get(key, default)} but this run has "
-                f"{key}={getattr(cfg, key)}; resume with {key}={saved.get(key, default)}, or re-shard it into this "
-                "run's layout with tools/grow_checkpoint.py (the slot counts unchanged)"
-            )
-
-
 def load_checkpoint(engine, cfg, tag: str, load_optimizer: bool = True) -> tuple[int, int]:
     """Restore checkpoint `tag` of `cfg.load` (selection.resume_tag's verified choice); returns
     (iteration, consumed samples). One the grow tool wrote holds its optimizer state apart from DeepSpeed's
     files (portable.py): restored after them."""
-    portable = is_portable(Path(cfg.load) / tag)
-    _check_parallel_layout(Path(cfg.load) / tag, cfg)
+    tag_dir = Path(cfg.load) / tag
+    portable = is_portable(tag_dir)
+    # The layout first: the tensors are compared as this run splits them.
+    zero_state = load_optimizer and not portable and dist.is_initialized()
+    raise_if_any(layout_problems(tag_dir, cfg, mpu.get_data_parallel_world_size() if zero_state else None)
+                 or tensor_problems(tag_dir, cfg, cfg.padded_vocab_size))
     if portable and load_optimizer:
         check_supported(engine.optimizer)
-    refuse_if_model_differs(Path(cfg.load) / tag / f"mp_rank_{mpu.get_tensor_parallel_rank():02d}_model_states.pt",
-                            engine.module)
     # no_grad: a pipeline re-broadcasts its tied weight in place while loading (see model/pipeline.py).
     with torch.no_grad():
         path, client_state = engine.load_checkpoint(

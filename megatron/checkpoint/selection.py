@@ -11,6 +11,7 @@ saves (`.tmp-` directories) are reported as skipped.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -49,6 +50,16 @@ def _inventory(directory: Path) -> tuple[dict[str, FileRecord], list[str]] | str
     return records, sorted(set(records) | set(checkpoint_files(directory)))
 
 
+def present_file_problems(directory: Path) -> list[str]:
+    """Why `directory` cannot be resumed from as far as file names and sizes tell, without reading the files:
+    what deepy.py checks before any process starts."""
+    inventory = _inventory(directory)
+    if isinstance(inventory, str):
+        return [inventory]
+    records, _ = inventory
+    return [problem for record in records.values() for problem in file_problems(directory, record, hashed=False)]
+
+
 def checkpoint_problems(directory: Path) -> list[str]:
     """Collective: why `directory` cannot be resumed from ([] if it can)."""
     inventory = same_on_all_ranks(_inventory(directory))
@@ -58,30 +69,42 @@ def checkpoint_problems(directory: Path) -> list[str]:
     return map_over_ranks(partial(_one_file_problems, directory, records), names)
 
 
-def resume_tag(load_dir: str | None) -> str | None:
-    """Collective: the tag to resume from, None for a fresh run; CheckpointRefused if none can be used."""
+def newest_usable_tag(load_dir: str | None,
+                      problems_of: Callable[[Path], list[str]] = present_file_problems) -> tuple[str | None, list[str]]:
+    """The newest checkpoint of `load_dir` that `problems_of` finds nothing wrong with (by default: judged by
+    file names and sizes alone; None for a fresh run) and what was skipped, and why; CheckpointRefused listing
+    every problem if there are checkpoints but none can be used."""
     if not load_dir or not Path(load_dir).is_dir():
-        return None
+        return None, []
     directory = Path(load_dir)
     candidates = same_on_all_ranks(_newest_first(directory))
     skipped = [f"{p.name}: an interrupted save" for p in sorted(directory.glob(f"{STAGING_PREFIX}global_step*"))]
     for tag in candidates:
-        problems = checkpoint_problems(directory / tag)
-        if problems:
-            skipped.append(f"{tag}: {'; '.join(problems)}")
-            continue
-        if skipped:
-            _warn(f"resuming from {tag} in {directory}; skipped:\n  " + "\n  ".join(skipped))
-        if not (directory / LATEST).is_file():
-            _warn(f"{directory} has no `{LATEST}` file; resuming from its newest complete checkpoint, {tag}")
-        if read_manifest(directory / tag) is None:
-            _warn(f"{directory / tag} has no manifest.json (written by an older version or another tool), "
-                  "so its files could not be verified")
-        return tag
+        problems = problems_of(directory / tag)
+        if not problems:
+            return tag, skipped
+        skipped.append(f"{tag}: {'; '.join(problems)}")
     if candidates:
         raise CheckpointRefused(
             f"load={directory}: no checkpoint there can be resumed from:\n  " + "\n  ".join(skipped)
             + "\nRestore the damaged files, or move these checkpoints away to start from scratch.")
+    return None, skipped
+
+
+def resume_tag(load_dir: str | None) -> str | None:
+    """Collective: the tag to resume from, every file verified (SHA-256, pickles screened), None for a fresh
+    run; CheckpointRefused if none can be used."""
+    tag, skipped = newest_usable_tag(load_dir, checkpoint_problems)
+    directory = Path(load_dir or "")
+    if tag is None:
+        if skipped:
+            _warn(f"no complete checkpoint in {directory}; starting from scratch. Skipped:\n  " + "\n  ".join(skipped))
+        return None
     if skipped:
-        _warn(f"no complete checkpoint in {directory}; starting from scratch. Skipped:\n  " + "\n  ".join(skipped))
-    return None
+        _warn(f"resuming from {tag} in {directory}; skipped:\n  " + "\n  ".join(skipped))
+    if not (directory / LATEST).is_file():
+        _warn(f"{directory} has no `{LATEST}` file; resuming from its newest complete checkpoint, {tag}")
+    if read_manifest(directory / tag) is None:
+        _warn(f"{directory / tag} has no manifest.json (written by an older version or another tool), "
+              "so its files could not be verified")
+    return tag

@@ -31,8 +31,26 @@ from megatron.config.config import Config
 from megatron.config.validate import ConfigError, normalize_keys
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first_line: int, second_line: int) -> None:
+        super().__init__(f"key {key!r} is given twice, on lines {first_line} and {second_line}; keep one of them "
+                         "(YAML would silently keep the second)")
+
+
 class _ConfigYamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads exponent-only numbers like 1e-5 as floats."""
+    """SafeLoader that also reads exponent-only numbers like 1e-5 as floats, and refuses a key given twice in
+    one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[str, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                continue  # normalize_keys names a key that is not a string
+            if key in lines:
+                raise _DuplicateKey(key, lines[key], key_node.start_mark.line + 1)
+            lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 _ConfigYamlLoader.add_implicit_resolver(

@@ -310,14 +310,19 @@ def _missing_dataset_files(key: str, prefix: str) -> str | None:
     return None
 
 
+def dataset_prefixes(cfg: Config) -> list[tuple[str, str]]:
+    """(config key, PREFIX) of every dataset the run reads, e.g. ("train_data_paths[0]", "data/a_text_document")."""
+    prefixes = [("data_path", cfg.data_path)] if cfg.data_path else []
+    for name in ("train_data_paths", "valid_data_paths", "test_data_paths"):
+        prefixes += [(f"{name}[{i}]", prefix) for i, prefix in enumerate(getattr(cfg, name) or ())]
+    return prefixes
+
+
 def _data_problems(cfg: Config) -> list[str]:
     needed = "valid_data_paths" if cfg.eval_only else "train_data_paths"
     if not cfg.data_path and not getattr(cfg, needed):
         return [f"no data: set data_path (the PREFIX of PREFIX.bin/PREFIX.idx) or {needed}"]
-    prefixes = [("data_path", cfg.data_path)] if cfg.data_path else []
-    for name in ("train_data_paths", "valid_data_paths", "test_data_paths"):
-        prefixes += [(f"{name}[{i}]", prefix) for i, prefix in enumerate(getattr(cfg, name) or ())]
-    return [problem for key, prefix in prefixes if (problem := _missing_dataset_files(key, prefix))]
+    return [problem for key, prefix in dataset_prefixes(cfg) if (problem := _missing_dataset_files(key, prefix))]
 
 
 _TOKENIZER_FILES = {

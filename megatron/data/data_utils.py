@@ -45,7 +45,7 @@ def build_train_valid_test_datasets(
 ) -> Datasets:
     """Split the documents of ``data_prefix`` by ``split``; a split with no documents gives None."""
     _check_num_samples(train_valid_test_num_samples)
-    indexed_dataset = MMapIndexedDataset(data_prefix)
+    indexed_dataset = open_nonempty(data_prefix)
     boundaries = get_train_valid_test_split(split, len(indexed_dataset))
     datasets = []
     for index, name in enumerate(SPLIT_NAMES):
@@ -104,7 +104,7 @@ def _whole_or_blended(
 ) -> Dataset | None:
     if not prefixes:
         return None
-    indexed = [MMapIndexedDataset(prefix) for prefix in prefixes]
+    indexed = [open_nonempty(prefix) for prefix in prefixes]
     if len(prefixes) == 1:
         return _whole_dataset(name, prefixes[0], indexed[0], num_samples, seq_length, seed)
     if weights is None:
@@ -115,6 +115,17 @@ def _whole_or_blended(
         for index, (prefix, dataset, count) in enumerate(zip(prefixes, indexed, counts))
     ]
     return BlendableDataset(name, parts, weights, num_samples, prefixes[0])
+
+
+def open_nonempty(prefix: str) -> MMapIndexedDataset:
+    """The dataset at ``prefix``; a named error if it holds no documents, which no split could sample from."""
+    dataset = MMapIndexedDataset(prefix)
+    if len(dataset) == 0:
+        raise ValueError(
+            f"{prefix}: the dataset holds no documents ({prefix}.idx lists 0 sequences); re-run "
+            f"tools/preprocess_data.py on inputs that have text"
+        )
+    return dataset
 
 
 def _check_num_samples(train_valid_test_num_samples: Sequence[int]) -> None:

@@ -19,6 +19,7 @@ Both files are memory-mapped, so opening a Pile-sized dataset costs no RAM.
 import array
 import os
 import struct
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -47,6 +48,7 @@ _LITTLE_INT32 = np.dtype("<i4")
 _LITTLE_INT64 = np.dtype("<i8")
 
 TokenArray = "np.ndarray | torch.Tensor"
+REBUILD_HINT = "re-run tools/preprocess_data.py to rebuild the .bin/.idx pair"
 
 
 class IndexedDatasetError(ValueError):
@@ -77,6 +79,66 @@ def dtype_code(dtype) -> int:
     raise ValueError(f"dtype {np.dtype(dtype).name} cannot be stored in an indexed dataset; use one of: {supported}")
 
 
+@dataclass(frozen=True)
+class IndexHeader:
+    """What an ``.idx`` header says; ``read_index_header`` has checked it against the file's length."""
+
+    dtype: np.dtype
+    num_sequences: int
+    num_doc_idx: int
+
+
+def read_index_header(idx_path: str) -> IndexHeader:
+    """The header of ``idx_path``, read without mapping the arrays: cheap enough for checks before a launch.
+
+    Raises IndexedDatasetError naming the file and the fix when it is not an
+    index, its version or dtype code is unknown, or its length disagrees.
+    """
+    idx_bytes = os.path.getsize(idx_path)
+    if idx_bytes < _HEADER.size:
+        raise IndexedDatasetError(
+            f"{idx_path}: {idx_bytes} bytes is shorter than the {_HEADER.size}-byte header; {REBUILD_HINT}"
+        )
+    with open(idx_path, "rb") as stream:
+        magic, version, code, num_sequences, num_doc_idx = _HEADER.unpack(stream.read(_HEADER.size))
+    if magic != INDEX_MAGIC:
+        raise IndexedDatasetError(
+            f"{idx_path}: magic {magic!r} is not {INDEX_MAGIC!r}, so this is not a Megatron mmap index; {REBUILD_HINT}"
+        )
+    if version != INDEX_VERSION:
+        raise IndexedDatasetError(
+            f"{idx_path}: index version {version} is not the supported {INDEX_VERSION}; {REBUILD_HINT}"
+        )
+    if code not in DTYPE_CODES:
+        raise IndexedDatasetError(
+            f"{idx_path}: unknown dtype code {code} (known codes are {sorted(DTYPE_CODES)}); {REBUILD_HINT}"
+        )
+    expected_idx_bytes = _HEADER.size + num_sequences * (4 + 8) + num_doc_idx * 8
+    if idx_bytes != expected_idx_bytes:
+        raise IndexedDatasetError(
+            f"{idx_path}: {idx_bytes} bytes, but its header ({num_sequences} sequences, {num_doc_idx} doc_idx "
+            f"entries) needs {expected_idx_bytes}; the index is truncated or corrupt; {REBUILD_HINT}"
+        )
+    return IndexHeader(np.dtype(DTYPE_CODES[code]), num_sequences, num_doc_idx)
+
+
+def described_data_bytes(idx_path: str, header: IndexHeader) -> int:
+    """Length of the ``.bin`` the index describes: where its last sequence ends (two entries read, not all).
+
+    Opening the dataset checks every pointer against the sizes; this is the
+    cheap version for checks before a launch.
+    """
+    if header.num_sequences == 0:
+        return 0
+    last = header.num_sequences - 1
+    with open(idx_path, "rb") as stream:
+        stream.seek(_HEADER.size + last * 4)
+        (size,) = struct.unpack("<i", stream.read(4))
+        stream.seek(_HEADER.size + header.num_sequences * 4 + last * 8)
+        (pointer,) = struct.unpack("<q", stream.read(8))
+    return pointer + size * header.dtype.itemsize
+
+
 def _little_endian(dtype) -> np.dtype:
     return np.dtype(dtype).newbyteorder("<")
 
@@ -104,30 +166,12 @@ class MMapIndexedDataset:
                     f"indexed dataset file {path} not found: the data prefix must be the path without "
                     f".bin/.idx (e.g. data/demo/demo_text_document), produced by tools/preprocess_data.py"
                 )
-        idx_bytes = os.path.getsize(idx_path)
-        if idx_bytes < _HEADER.size:
-            raise IndexedDatasetError(f"{idx_path}: {idx_bytes} bytes is shorter than the {_HEADER.size}-byte header")
-        with open(idx_path, "rb") as stream:
-            magic, version, code, num_sequences, num_doc_idx = _HEADER.unpack(stream.read(_HEADER.size))
-        if magic != INDEX_MAGIC:
-            raise IndexedDatasetError(
-                f"{idx_path}: magic {magic!r} is not {INDEX_MAGIC!r}; this is not a Megatron mmap index "
-                f"(re-run tools/preprocess_data.py)"
-            )
-        if version != INDEX_VERSION:
-            raise IndexedDatasetError(f"{idx_path}: index version {version} is not the supported {INDEX_VERSION}")
-        if code not in DTYPE_CODES:
-            raise IndexedDatasetError(f"{idx_path}: unknown dtype code {code}; known codes are {sorted(DTYPE_CODES)}")
-        expected_idx_bytes = _HEADER.size + num_sequences * (4 + 8) + num_doc_idx * 8
-        if idx_bytes != expected_idx_bytes:
-            raise IndexedDatasetError(
-                f"{idx_path}: {idx_bytes} bytes, but its header ({num_sequences} sequences, {num_doc_idx} doc_idx "
-                f"entries) needs {expected_idx_bytes}; the index is truncated or corrupt"
-            )
-        self._dtype = np.dtype(DTYPE_CODES[code])
+        header = read_index_header(idx_path)
+        num_sequences = header.num_sequences
+        self._dtype = header.dtype
         self._sizes = _memmap(idx_path, _LITTLE_INT32, _HEADER.size, num_sequences)
         self._pointers = _memmap(idx_path, _LITTLE_INT64, _HEADER.size + num_sequences * 4, num_sequences)
-        self._doc_idx = _memmap(idx_path, _LITTLE_INT64, _HEADER.size + num_sequences * 12, num_doc_idx)
+        self._doc_idx = _memmap(idx_path, _LITTLE_INT64, _HEADER.size + num_sequences * 12, header.num_doc_idx)
         self._check_data_file(idx_path, bin_path)
         self._tokens = _memmap(bin_path, _little_endian(self._dtype))
 
@@ -137,7 +181,8 @@ class MMapIndexedDataset:
         if bin_bytes != expected_bin_bytes:
             raise IndexedDatasetError(
                 f"{bin_path} is {bin_bytes} bytes but {idx_path} describes {expected_bin_bytes} bytes "
-                f"({len(self._sizes)} sequences of {self._dtype.name}); the pair is truncated or mismatched"
+                f"({len(self._sizes)} sequences of {self._dtype.name}); the pair is truncated or mismatched; "
+                f"{REBUILD_HINT}"
             )
         self._check_pointers(idx_path)
         self._check_doc_idx(idx_path)

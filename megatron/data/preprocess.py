@@ -5,8 +5,12 @@ in worker processes when ``workers > 1``, with a bounded window of chunks in
 flight: memory stays bounded on any corpus size and documents keep their
 input order. Each key becomes ``{output_prefix}_{key}_document.bin/.idx``,
 written under ``.partial`` names and renamed only once every input was read,
-so an interrupted or failed run leaves nothing that looks like a dataset.
-Malformed records are skipped, counted and reported by file and line.
+so an interrupted or failed run leaves nothing that looks like a dataset (and
+an older dataset under that prefix untouched). Inputs that give no document at
+all are such a failure. Malformed records are skipped, counted and reported
+by file and line. Beside each published pair goes ``.stats.json`` with its
+largest token id, which launches check against the vocabulary
+(``dataset_check``) without reading the ``.bin``.
 """
 
 import ctypes
@@ -24,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from megatron.data.corpus_reader import TXT_SUFFIXES, CorpusReader, RawRecord, parse_record
+from megatron.data.dataset_check import record_largest_token_id, stats_file_path
 from megatron.data.indexed_dataset import (
     MMapIndexedDatasetBuilder,
     best_fitting_dtype,
@@ -33,6 +38,7 @@ from megatron.data.indexed_dataset import (
 from megatron.tokenizer import AbstractTokenizer
 
 MAX_REPORTED_SKIPS = 100
+_NAMED_INPUTS = 5  # inputs listed by name in the no-documents error; the rest are counted
 CHUNK_BYTES = 4 << 20
 _TEMPORARY_SUFFIX = ".partial"
 _PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies
@@ -59,13 +65,17 @@ class PreprocessStats:
     skipped: int = 0
     skip_reasons: Counter = field(default_factory=Counter)
     skipped_examples: list[str] = field(default_factory=list)
+    largest_token_ids: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
-        reasons = ", ".join(f"{count} {reason}" for reason, count in self.skip_reasons.most_common())
+        reasons = self.skip_summary()
         return (
             f"{self.documents} documents, {self.tokens} tokens, {self.text_bytes} bytes of text "
             f"in {self.seconds:.1f} s; {self.skipped} lines skipped" + (f" ({reasons})" if reasons else "")
         )
+
+    def skip_summary(self) -> str:
+        return ", ".join(f"{count} {reason}" for reason, count in self.skip_reasons.most_common())
 
 
 class DocumentEncoder:
@@ -241,10 +251,12 @@ def preprocess_corpus(
             _write(chunk, builders, stats)
             progress.update(stats)
         progress.update(stats, final=True)
+        if stats.documents == 0:  # before anything is published: an earlier good dataset stays as it was
+            raise ValueError(_no_documents_message(input_paths, stats))
         for key, prefix in zip(jsonl_keys, finals):
             builders[key].finalize(index_file_path(prefix) + _TEMPORARY_SUFFIX)
-        for prefix in finals:
-            _publish(prefix)
+        for key, prefix in zip(jsonl_keys, finals):
+            _publish(prefix, stats.largest_token_ids[key])
     finally:
         progress.close()
         _remove(partials)
@@ -270,12 +282,31 @@ def abort_in_progress() -> None:
     _remove(_partial_outputs)
 
 
-def _publish(prefix: str) -> None:
-    """Rename the finished pair into place; an older .idx goes first, so no moment pairs old and new files."""
-    if os.path.exists(index_file_path(prefix)):
-        os.remove(index_file_path(prefix))
+def _publish(prefix: str, largest_token_id: int) -> None:
+    """Rename the finished pair into place, then record its largest token id (``dataset_check``).
+
+    An older .idx and stats file go first, so no moment pairs old and new files.
+    """
+    for path in (index_file_path(prefix), stats_file_path(prefix)):
+        if os.path.exists(path):
+            os.remove(path)
     os.replace(data_file_path(prefix) + _TEMPORARY_SUFFIX, data_file_path(prefix))
     os.replace(index_file_path(prefix) + _TEMPORARY_SUFFIX, index_file_path(prefix))
+    record_largest_token_id(prefix, largest_token_id)
+
+
+def _no_documents_message(input_paths: Sequence[str], stats: PreprocessStats) -> str:
+    names = ", ".join(input_paths[:_NAMED_INPUTS])
+    if len(input_paths) > _NAMED_INPUTS:
+        names += f" and {len(input_paths) - _NAMED_INPUTS} more"
+    if stats.skipped:
+        why = f"every line was skipped ({stats.skip_summary()}; first: {stats.skipped_examples[0]})"
+    else:
+        why = "the inputs are empty"
+    return (
+        f"no documents in {names}: {why}; give text (.jsonl records holding the --jsonl-keys, or UTF-8 .txt "
+        f"files); nothing was written"
+    )
 
 
 def _write(chunk: EncodedChunk, builders: dict[str, MMapIndexedDatasetBuilder], stats: PreprocessStats) -> None:
@@ -285,8 +316,12 @@ def _write(chunk: EncodedChunk, builders: dict[str, MMapIndexedDatasetBuilder], 
         if len(stats.skipped_examples) < MAX_REPORTED_SKIPS:
             stats.skipped_examples.append(f"{path}:{line_number}: {reason}")
     for key, builder in builders.items():
-        builder.add_documents(chunk.tokens[key], chunk.lengths[key])
-        stats.tokens += int(chunk.tokens[key].size)
+        tokens = chunk.tokens[key]
+        builder.add_documents(tokens, chunk.lengths[key])
+        stats.tokens += int(tokens.size)
+        if tokens.size:
+            largest = int(tokens.max())
+            stats.largest_token_ids[key] = max(largest, stats.largest_token_ids.get(key, largest))
     stats.documents += len(next(iter(chunk.lengths.values())))
     stats.text_bytes += chunk.text_bytes
 

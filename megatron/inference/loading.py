@@ -15,20 +15,34 @@ Whatever layout the weights were saved in is consolidated into the whole model f
 `mpu` is initialised (generate.py, eval.py under tensor parallelism), each rank then keeps its own block;
 anywhere else (a notebook, a script) the model is whole and its logits cover the whole vocabulary.
 Weights are cast to fp32.
+
+A checkpoint directory is verified before it is read: the files read (config.json and the model files) must
+match its manifest.json (size and SHA-256, as a resume checks them), hashed once per load and shared over the
+ranks where a process group is started (every rank then calls load_state, as generate.py and eval.py do). A
+damaged checkpoint is an error naming the files, never a silent fallback to an older one as a resume does: a
+resumed run only repeats a few steps, but samples or scores of an older model would be reported as the ones
+of the model asked for. The optimizer shards are not hashed: they are never opened here, hold about three
+times the weights' bytes, and their damage does not change the model (the next resume reports it).
+A checkpoint without a manifest (an import by convert_official_checkpoint.py, older versions) loads unverified.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from itertools import chain
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from megatron.checkpoint.deepspeed_files import read_tensor_rank_states, tag_directory
+from megatron.checkpoint.commit import CHECKPOINT_TAG
+from megatron.checkpoint.deepspeed_files import LAYER_FILE, MODEL_FILE, read_tensor_rank_states, tag_directory
+from megatron.checkpoint.manifest import FileRecord, file_problems, read_manifest
 from megatron.checkpoint.official_layout import from_official, is_official, official_key
+from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.checkpoint.tensor_parallel_layout import merge_shards, split_dimensions
 from megatron.checkpoint.weight_files import CONFIG_NAME, read_config, read_weights, weights_in_directory
+from megatron.checkpoint.work_split import map_over_ranks, same_on_all_ranks
 from megatron.config import Config
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.args import ARCHITECTURE_KEYS
@@ -60,13 +74,49 @@ def _read_checkpoint(tag_dir: Path, config: Config) -> dict[str, Tensor]:
     return merge_shards(shards, dims)
 
 
+def _records_read(tag_dir: Path) -> list[FileRecord] | str | None:
+    """The manifest's records of the files load_state reads (config.json, the model files); None without a
+    manifest; the reason, as text, when the manifest is unreadable (every rank then raises alike)."""
+    try:
+        records = read_manifest(tag_dir)
+    except ValueError as error:
+        return str(error)
+    if records is None:
+        return None
+    return [r for r in records if r.name == CONFIG_NAME or MODEL_FILE.match(r.name) or LAYER_FILE.match(r.name)]
+
+
+def _other_checkpoints(tag_dir: Path) -> str:
+    """The fix for a damaged `tag_dir`, naming the other checkpoints beside it, newest first."""
+    others = sorted(((int(m.group(1)), p.name) for p in tag_dir.parent.iterdir()
+                     if (m := CHECKPOINT_TAG.match(p.name)) and p.is_dir() and p != tag_dir), reverse=True)
+    if not others:
+        return "Restore the damaged files from a copy of the checkpoint"
+    return (f"Restore the damaged files from a copy, or load another checkpoint: pass its directory, e.g. "
+            f"load={tag_dir.parent / others[0][1]} (there are {', '.join(name for _, name in others)}; "
+            "each is verified when loaded)")
+
+
+def verify_checkpoint_files(tag_dir: Path) -> None:
+    """Collective where a process group is started: CheckpointUnreadable naming every file load_state reads
+    that does not match `tag_dir`'s manifest (missing, truncated, corrupted), and the fix."""
+    records = same_on_all_ranks(_records_read(tag_dir))
+    if records is None:
+        return
+    problems = [records] if isinstance(records, str) else map_over_ranks(partial(file_problems, tag_dir), records)
+    if problems:
+        raise CheckpointUnreadable(f"{tag_dir} is damaged: {'; '.join(problems)}. {_other_checkpoints(tag_dir)}")
+
+
 def load_state(path: str | Path, config: Config | str | Path | None = None) -> tuple[dict[str, Tensor], Config]:
-    """The whole model's state dict (fp32 weights) saved at `path`, and the config describing it."""
+    """The whole model's state dict (fp32 weights) saved at `path`, and the config describing it; a checkpoint
+    directory's files are verified first (module docstring)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: pass a checkpoint directory or an exported weights file")
     tag_dir = tag_directory(path) if path.is_dir() else None
     if tag_dir is not None:
+        verify_checkpoint_files(tag_dir)
         cfg = _choose_config(tag_dir / CONFIG_NAME, config, tag_dir)
         state = _read_checkpoint(tag_dir, cfg)
     else:

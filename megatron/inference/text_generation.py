@@ -5,7 +5,10 @@
     interactive     one sample per line typed on standard input, until end of input
 
 Sample i draws from a generator seeded with seed + i, so samples do not depend on the number of
-processes or on the KV cache. Global rank 0 appends one JSON object per sample to sample_output_file:
+processes or on the KV cache. Each prompt is decoded as UTF-8 by itself: one that is not (a stray Latin-1
+byte, a binary paste) is named on standard error (file and line, or interactive input line N) and skipped,
+and the next prompt is generated; it takes no sample number, as blank lines take none.
+Global rank 0 appends one JSON object per sample to sample_output_file:
 {"context", "text", "length" (tokens generated), "finished" (ended by itself), "duration_seconds"}.
 """
 
@@ -16,7 +19,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
-from pathlib import Path
 from typing import TextIO
 
 import torch
@@ -29,23 +31,63 @@ from megatron.model import TokenFormerModel
 from megatron.tokenizer import AbstractTokenizer
 
 
-def _file_prompts(cfg: Config) -> list[str]:
-    text = Path(cfg.sample_input_file).read_text(encoding="utf-8")
-    return [prompt.strip() for prompt in text.split(cfg.prompt_end) if prompt.strip()]
+def _first_undecodable(text: str) -> int | None:
+    """The index of `text`'s first character that stands for a byte that is not UTF-8 (read with
+    errors="surrogateescape", such bytes become lone surrogates, which tokenizers refuse); None if none."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return error.start
+    return None
+
+
+def _skipped(where: str, text: str, bad: int) -> None:
+    """Say once (on the output rank) which prompt is skipped and why."""
+    if is_output_rank():
+        column = bad - text.rfind("\n", 0, bad)
+        print(f"error: {where} is not UTF-8 text (an undecodable byte at column {column}); skipped it, "
+              "generating the next prompt. Save prompts as UTF-8", file=sys.stderr, flush=True)
+
+
+def _file_prompts(cfg: Config) -> Iterator[str]:
+    """The prompts of sample_input_file, stripped, empty ones skipped; lines are numbered from 1."""
+    with open(cfg.sample_input_file, encoding="utf-8", errors="surrogateescape") as stream:
+        text = stream.read()
+    start = 0
+    for prompt in text.split(cfg.prompt_end):
+        bad = _first_undecodable(prompt)
+        if bad is not None:
+            line = text.count("\n", 0, start + bad) + 1
+            _skipped(f"{cfg.sample_input_file} line {line}", text, start + bad)
+        elif prompt.strip():
+            yield prompt.strip()
+        start += len(prompt) + len(cfg.prompt_end)
+
+
+def _read_line(stdin: TextIO) -> str:
+    """One line of `stdin`, its bytes read as they are when it has them (a terminal or pipe): a text stream
+    would stop at the first undecodable byte, or pass it on to the tokenizer, as its error handler says."""
+    raw = stdin.buffer.readline() if hasattr(stdin, "buffer") else stdin.readline()
+    return raw.decode("utf-8", errors="surrogateescape") if isinstance(raw, bytes) else raw
 
 
 def _typed_prompts(stdin: TextIO) -> Iterator[str]:
-    """Lines read on the output rank and handed to every rank; blank lines are skipped."""
+    """Lines read on the output rank and handed to every rank; blank and undecodable lines are skipped."""
+    number = 0
     while True:
         line = None
         if is_output_rank():
             print("prompt> ", end="", flush=True)
-            line = stdin.readline()
+            line = _read_line(stdin)
         line = from_output_rank(line)
         if not line:
             return
-        if line.strip():
-            yield line.rstrip("\n")
+        number += 1
+        bad = _first_undecodable(line)
+        if bad is not None:
+            _skipped(f"interactive input line {number}", line, bad)
+        elif line.strip():
+            yield line.rstrip("\r\n")
 
 
 def prompts_of(cfg: Config, stdin: TextIO | None = None) -> Iterator[str]:
@@ -53,7 +95,7 @@ def prompts_of(cfg: Config, stdin: TextIO | None = None) -> Iterator[str]:
     if cfg.text_gen_type == "unconditional":
         return iter([""] * cfg.num_samples)
     if cfg.text_gen_type == "input-file":
-        return iter(_file_prompts(cfg))
+        return _file_prompts(cfg)
     return _typed_prompts(stdin or sys.stdin)
 
 

@@ -8,6 +8,7 @@ class CPU machine.
 from __future__ import annotations
 
 import random
+import sys
 
 import deepspeed
 import numpy as np
@@ -56,6 +57,14 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
     get_accelerator().manual_seed_all(seed)
     mpu.seed_model_parallel_rng(seed)
+
+
+def said_once(error: Exception) -> int:
+    """Print `error`, which every rank raised alike (a ConfigError), on rank 0 only: one message, not one
+    traceback per rank. The exit code for it."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"config error: {error}", file=sys.stderr, flush=True)
+    return 2
 
 
 def leave_process_group() -> None:

@@ -51,6 +51,11 @@ def build_datasets(cfg) -> Splits:
         datasets = build_train_valid_test_datasets(
             cfg.data_path, cfg.split, num_samples, cfg.seq_length, cfg.seed
         )
+        if datasets[0] is None and cfg.train_iters > 0 and not cfg.eval_only:
+            raise ValueError(
+                f"data_path = {cfg.data_path!r} with split = {cfg.split!r} leaves the train split no documents; "
+                f"give train a share of split (e.g. \"969,30,1\") or use a dataset with more documents"
+            )
     return Splits(*datasets)
 
 

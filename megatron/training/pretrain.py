@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from megatron import mpu
 from megatron.checkpoint.save_load import load_checkpoint, save_checkpoint, should_save
+from megatron.checkpoint.save_lock import hold_save_directory_for_the_run
 from megatron.checkpoint.selection import resume_tag
 from megatron.config import ConfigError, check_run_inputs
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
@@ -83,6 +84,9 @@ class Trainer:
         self.cfg = cfg
         check_run_inputs(cfg)
         self.layout = initialize_distributed(cfg)
+        if cfg.save and not cfg.eval_only:
+            command = " ".join([cfg.user_script or "train.py", *(cfg.config_files or ())])
+            hold_save_directory_for_the_run(cfg.save, command)
         # Collective; verifies every file of the chosen checkpoint, so it is done once.
         tag = resume_tag(cfg.load)
         self.growth = run_growth(cfg, tag)

@@ -1,0 +1,85 @@
+"""Does the checkpoint a run resumes from fit the run? Asked before any process starts (deepy.py) and again by
+each rank before DeepSpeed loads it, which would stop at the first size mismatch with its own message.
+
+Three things must agree: the tensor/pipeline layout (config.json), the data-parallel size when the optimizer
+state is ZeRO-partitioned (DeepSpeed cannot re-partition it), and the shape of every tensor in the layout's
+real weight files (pipeline layer files included) with the model the config describes. Every difference is
+named at once, with the fix: another config, or tools/grow_checkpoint.py, which re-shards into any layout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from megatron.checkpoint.model_files import ModelFiles
+from megatron.checkpoint.tensor_parallel_layout import split_dimensions
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.args import ARCHITECTURE_KEYS
+from megatron.mpu import full_shape
+
+ZERO_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+RESHARD = "re-shard it into this run's layout with tools/grow_checkpoint.py (the slot counts unchanged)"
+
+
+def _saved_config(tag_dir: Path) -> dict:
+    path = tag_dir / "config.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def saved_data_parallel_size(tag_dir: Path) -> int | None:
+    """Over how many data-parallel ranks the checkpoint's ZeRO optimizer state is partitioned; None if it
+    holds no ZeRO shards (ZeRO stage 0, or the grow tool's portable state, which fits any size)."""
+    ranks = {int(m.group(1)) for p in tag_dir.iterdir() if (m := ZERO_SHARD.match(p.name))}
+    return len(ranks) or None
+
+
+def layout_problems(tag_dir: Path, cfg, data_parallel_size: int | None = None) -> list[str]:
+    """The tensor/pipeline layout of `tag_dir` against the run's, and, given the run's data-parallel size,
+    ZeRO-partitioned optimizer state saved over another one."""
+    saved, problems = _saved_config(tag_dir), []
+    for key, default in (("model_parallel_size", 1), ("pipe_parallel_size", 0)):
+        value = saved.get(key, default)
+        if saved and value != getattr(cfg, key):
+            problems.append(f"load: {tag_dir} was saved with {key}={value} but this run has {key}="
+                            f"{getattr(cfg, key)}; resume with {key}={value}, or {RESHARD}")
+    saved_ranks = saved_data_parallel_size(tag_dir) if data_parallel_size is not None else None
+    if saved_ranks is not None and saved_ranks != data_parallel_size and not getattr(cfg, "eval_only", False):
+        problems.append(
+            f"load: {tag_dir} holds ZeRO optimizer state partitioned over {saved_ranks} data-parallel ranks but this "
+            f"run has {data_parallel_size}, and DeepSpeed cannot re-partition it: resume on {saved_ranks} "
+            f"data-parallel ranks, or {RESHARD}, whose output any data-parallel size loads")
+    return problems
+
+
+def tensor_problems(tag_dir: Path, cfg, padded_vocab_size: int) -> list[str]:
+    """Every tensor of `tag_dir`'s weight files whose name or shape does not fit the model `cfg` describes
+    (each tensor rank's block), in one message; [] if all fit."""
+    args = TokenFormerArgs.for_inference(cfg, padded_vocab_size)
+    model = TokenFormerModel(args, device="meta")
+    ranks, dims = cfg.model_parallel_size, split_dimensions(args)
+    expected = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        shape = list(full_shape(tensor))
+        if dims[name] is not None:
+            shape[dims[name]] //= ranks
+        expected[name] = shape
+    files = ModelFiles(tag_dir, cfg.num_layers)
+    lines = []
+    for name in sorted(expected.keys() | files.names()):
+        if name not in files.names():
+            lines.append(f"{name}: in the model, not in the checkpoint")
+        elif name not in expected:
+            lines.append(f"{name}: in the checkpoint, not in the model")
+        elif (saved := list(files.block(name, 0).shape)) != expected[name]:
+            lines.append(f"{name}: checkpoint {saved}, this config {expected[name]}")
+    if not lines:
+        return []
+    saved = _saved_config(tag_dir)
+    keys = [f"{key} (saved {saved[key]!r}, this run {getattr(cfg, key)!r})" for key in ARCHITECTURE_KEYS
+            if key in saved and saved[key] != getattr(cfg, key)]
+    differing = f"its config.json differs in {'; '.join(keys)}. " if keys else ""
+    return [f"load: {tag_dir} does not fit the model this config describes: {differing}{len(lines)} tensors "
+            "differ (per tensor-parallel rank):\n  " + "\n  ".join(lines)
+            + "\nResume with the checkpoint's config (its config.json), or point load at a checkpoint of this model"]

@@ -1,0 +1,82 @@
+"""What deepy.py checks in the files a run will read before any process starts, beyond the config itself
+(`check_run_inputs`): a problem found here costs a second, found in the ranks it costs a launch and prints one
+traceback per rank.
+
+- the tokenizer loads (a vocab_file that is not a tokenizer is named), giving the padded vocabulary;
+- every dataset: headers, sizes, documents, token ids within the vocabulary (megatron/data/dataset_check.py);
+- the checkpoint a training run resumes from: files present, its layout and every tensor against the model
+  (megatron/checkpoint/compatibility.py);
+- the save directory is not in use by another run (megatron/checkpoint/save_lock.py);
+- on a launch from this machine, master_port is free.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from megatron.checkpoint.compatibility import layout_problems, tensor_problems
+from megatron.checkpoint.safety import CheckpointRefused
+from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
+from megatron.checkpoint.selection import newest_usable_tag
+from megatron.config import Config
+from megatron.config.validate import INFERENCE_SCRIPTS, dataset_prefixes
+from megatron.data.dataset_check import dataset_problems
+from megatron.launch.hosts import is_local_host
+from megatron.launch.resources import Slots, world_size
+from megatron.tokenizer import build_tokenizer, pad_vocab_size
+
+
+def _padded_vocabulary(cfg: Config) -> tuple[int | None, list[str]]:
+    try:
+        tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
+    except Exception as error:  # noqa: BLE001 - tokenizer libraries raise their own types (Rust, protobuf)
+        reason = (str(error) or type(error).__name__).splitlines()[0]
+        return None, [f"vocab_file = {cfg.vocab_file!r} cannot be read as a {cfg.tokenizer_type} tokenizer "
+                      f"({reason}); point vocab_file at the tokenizer the data was prepared with"]
+    return pad_vocab_size(tokenizer.vocab_size, cfg.make_vocab_size_divisible_by, cfg.model_parallel_size), []
+
+
+def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
+    try:
+        tag, _ = newest_usable_tag(cfg.load)
+    except CheckpointRefused as error:
+        return [str(error)]
+    if tag is None:
+        return []
+    tag_dir = Path(cfg.load) / tag
+    data_parallel = processes // (cfg.model_parallel_size * max(1, cfg.pipe_parallel_size))
+    # A frozen run whose checkpoint was saved with another freeze loads weights only: any data-parallel size.
+    return (layout_problems(tag_dir, cfg, None if cfg.freeze_old_param_tokens else data_parallel)
+            or tensor_problems(tag_dir, cfg, vocabulary))
+
+
+def _master_port_problem(cfg: Config, slots: Slots) -> list[str]:
+    if cfg.launcher != "pdsh" or not all(is_local_host(host) for host in slots):
+        return []  # rank 0 starts on another machine
+    with socket.socket() as probe:
+        # As rank 0's TCPStore binds: connections of an earlier run waiting out TIME_WAIT do not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", cfg.master_port))
+        except OSError:
+            return [f"master_port {cfg.master_port} is in use on this machine (another run?); set master_port= to "
+                    "a free port"]
+    return []
+
+
+def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
+    """Every problem of the run's input files, save directory and port; [] if it can start."""
+    vocabulary, problems = _padded_vocabulary(cfg)
+    training = Path(cfg.user_script or "train.py").name not in INFERENCE_SCRIPTS
+    if training:
+        problems += [problem for key, prefix in dataset_prefixes(cfg)
+                     for problem in dataset_problems(key, prefix, vocabulary)]
+        if cfg.save and not cfg.eval_only:
+            try:
+                check_save_directory_free(cfg.save)
+            except SaveDirectoryInUse as error:
+                problems.append(str(error))
+        if cfg.load and vocabulary is not None:
+            problems += _resume_problems(cfg, vocabulary, world_size(slots))
+    return problems + _master_port_problem(cfg, slots)

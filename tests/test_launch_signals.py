@@ -1,0 +1,88 @@
+"""A stop signal to deepy.py reaches every rank (they save and exit 0, then deepy.py exits 0), and a second run
+on the same save directory is refused before it starts, naming the run that holds it (real deepy.py launches,
+real signals, the tiny config on 2 processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from megatron.launch.supervise import runs_script
+from tests.conftest import REPO, run_deepy
+from tests.distributed import free_port
+from tests.test_training_e2e import data_overrides
+
+pytestmark = pytest.mark.slow
+
+TINY = str(REPO / "tests" / "tiny.yml")
+
+
+def start_training(demo_data: Path, run: Path) -> subprocess.Popen:
+    """deepy.py train.py for far more iterations than the test waits for, logging every iteration."""
+    command = [sys.executable, "deepy.py", "train.py", TINY, *data_overrides(demo_data), "train_iters=2000",
+               "lr_decay_iters=2000", "eval_interval=100000", "log_interval=1", f"save={run / 'checkpoints'}",
+               f"load={run / 'checkpoints'}", f"log_dir={run / 'logs'}", f"master_port={free_port()}"]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def trained_iterations(run: Path) -> int:
+    metrics = run / "logs" / "metrics.jsonl"
+    if not metrics.is_file():
+        return 0
+    return max((json.loads(line)["iteration"] for line in metrics.read_text().splitlines() if line.strip()),
+               default=0)
+
+
+def wait_for_iteration(process: subprocess.Popen, run: Path, iteration: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while trained_iterations(run) < iteration:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"no iteration {iteration} (exit {process.poll()}):\n{process.communicate()}")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_to_deepy_saves_on_every_rank_and_exits_0(demo_data, tmp_path, stop):
+    run = tmp_path / "run"
+    launcher = start_training(demo_data, run)
+    wait_for_iteration(launcher, run, 3)
+    descendants = psutil.Process(launcher.pid).children(recursive=True)
+    assert len([p for p in descendants if runs_script(p.cmdline(), "train.py")]) == 2
+
+    second = run_deepy("train.py", TINY, *data_overrides(demo_data), f"save={run / 'checkpoints'}",
+                       f"log_dir={tmp_path / 'second'}", f"master_port={free_port()}", check=False, timeout=120)
+    assert second.returncode == 2 and "launching" not in second.stdout
+    assert (f"save = '{run / 'checkpoints'}' is in use by another run (pid " in second.stderr
+            and f"train.py {TINY})" in second.stderr), second.stderr
+
+    launcher.send_signal(stop)
+    stdout, stderr = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, stdout + stderr
+    stopped_at = trained_iterations(run)
+    assert f"exiting after iteration {stopped_at}: SIGTERM received" in stdout, stdout
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"global_step{stopped_at}"
+    assert stopped_at < 2000 and not [p for p in descendants if p.is_running() and p.status() != "zombie"]
+
+
+def test_a_lock_left_by_a_killed_run_does_not_hold_the_next_one(demo_data, tmp_path):
+    run = tmp_path / "run"
+    launcher = start_training(demo_data, run)
+    wait_for_iteration(launcher, run, 2)
+    for process in [launcher, *psutil.Process(launcher.pid).children(recursive=True)]:
+        process.kill()  # SIGKILL: nothing runs on the way out
+    launcher.communicate()
+    assert (run / "checkpoints" / ".lock").is_file()
+    resumed = run_deepy("train.py", TINY, *data_overrides(demo_data), "train_iters=4", "lr_decay_iters=4",
+                        "eval_iters=0", f"save={run / 'checkpoints'}", f"log_dir={run / 'logs'}",
+                        f"master_port={free_port()}", timeout=300)
+    assert "exiting" not in resumed.stdout and (run / "checkpoints" / "latest").read_text().strip() == "global_step4"

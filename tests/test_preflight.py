@@ -1,0 +1,72 @@
+"""deepy.py refuses, before any process starts, what the ranks would fail on 15-20 s later (issue 21): a busy
+master_port, a vocab_file that is not a tokenizer, and a checkpoint in `load` that does not fit the run
+(another tensor-parallel size, ZeRO state of another data-parallel size, another architecture read from the
+pipeline's layer files, missing files). Each is one message and exit code 2, with no process launched."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+
+from tests.conftest import REPO, run_deepy
+from tests.distributed import free_port
+from tests.test_training_e2e import data_overrides
+
+pytestmark = pytest.mark.slow
+
+TINY = str(REPO / "tests" / "tiny.yml")
+
+
+def refused(demo_data, *overrides: str) -> str:
+    """deepy.py train.py with the tiny config: it must stop before launching; its error output."""
+    result = run_deepy("train.py", TINY, *data_overrides(demo_data), *overrides, check=False, timeout=120)
+    assert result.returncode == 2 and "launching" not in result.stdout, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.startswith("config error: "), result.stderr
+    return result.stderr
+
+
+def test_a_busy_master_port_is_named(demo_data):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        message = refused(demo_data, f"master_port={port}")
+    assert f"master_port {port} is in use on this machine (another run?); set master_port= to a free port" in message
+
+
+def test_a_vocab_file_that_is_not_a_tokenizer_is_named(demo_data, tmp_path):
+    (tmp_path / "notes.txt").write_text("not a tokenizer\n")
+    message = refused(demo_data, f"vocab_file={tmp_path / 'notes.txt'}", f"master_port={free_port()}")
+    assert f"vocab_file = '{tmp_path / 'notes.txt'}' cannot be read as a HFTokenizer tokenizer" in message
+
+
+def test_another_tensor_parallel_size_is_refused_with_the_fix(demo_data, tensor_parallel_checkpoint):
+    message = refused(demo_data, f"load={tensor_parallel_checkpoint.save}", f"master_port={free_port()}")
+    assert "was saved with model_parallel_size=2 but this run has model_parallel_size=1" in message
+    assert "tools/grow_checkpoint.py" in message
+
+
+def test_zero_state_of_another_data_parallel_size_points_to_the_grow_tool(demo_data, zero_data_parallel_checkpoint):
+    message = refused(demo_data, f"load={zero_data_parallel_checkpoint.save}", "num_gpus=1",
+                      f"master_port={free_port()}")
+    assert ("holds ZeRO optimizer state partitioned over 2 data-parallel ranks but this run has 1, and DeepSpeed "
+            "cannot re-partition it") in message and "tools/grow_checkpoint.py" in message
+
+
+def test_another_architecture_lists_every_tensor_of_the_pipeline_layer_files(demo_data, pipeline_checkpoint):
+    message = refused(demo_data, f"load={pipeline_checkpoint.save}", "pipe_parallel_size=2", "model_parallel_size=2",
+                      "num_gpus=4", "ffn_slot_num=128", f"master_port={free_port()}")
+    assert "its config.json differs in ffn_slot_num (saved 256, this run 128). 4 tensors differ" in message
+    for layer in (0, 1):  # blocks of 2 tensor ranks, read from layer_II-model_XX files
+        assert f"layers.{layer}.mlp.key_param_tokens: checkpoint [128, 64], this config [64, 64]" in message
+
+
+def test_missing_checkpoint_files_are_named(demo_data, zero_data_parallel_checkpoint, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(zero_data_parallel_checkpoint.save, checkpoints)
+    (checkpoints / "global_step2" / "mp_rank_00_model_states.pt").unlink()
+    message = refused(demo_data, f"load={checkpoints}", f"master_port={free_port()}")
+    assert f"load={checkpoints}: no checkpoint there can be resumed from" in message
+    assert "global_step2: mp_rank_00_model_states.pt is missing" in message
