@@ -60,7 +60,7 @@ class Key:
     """One configuration key: its type, default, meaning and constraints.
 
     `type` is one of bool, int, float, str, list, dict (`item` gives the type of
-    list elements). A default of None means "unset" and null is then accepted.
+    list elements or mapping values). A default of None means "unset" and null is then accepted.
     `derived` explains how the value is computed when not given; `inactive` is
     the reason the key has no effect in this framework.
     """
@@ -325,7 +325,7 @@ _LAUNCHER = (
     Key("comment", str, None, "launcher", "Passed to the launcher as --comment (some clusters require it)."),
     Key("user_script", str, None, "launcher", "Script each rank runs.", derived="set by the launcher"),
     Key("config_files", dict, None, "launcher", "Text of each config file, keyed by path, kept with checkpoints.",
-        derived="set by load_config"),
+        derived="set by load_config", item=str),
 )
 
 # generate.py and eval.py (docs/inference.md); GPT-NeoX's names and defaults except where noted.

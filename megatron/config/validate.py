@@ -59,8 +59,9 @@ def normalize_keys(mapping: Mapping[Any, Any], source: str) -> dict[str, Any]:
 
 
 def _type_name(key: Key) -> str:
-    name = "mapping" if key.type is dict else key.type.__name__
-    return f"list of {key.item.__name__}" if key.item else name
+    if key.type is dict:
+        return f"mapping to {key.item.__name__}" if key.item else "mapping"
+    return f"list of {key.item.__name__}" if key.item else key.type.__name__
 
 
 def _is_instance(value: Any, expected: type) -> bool:
@@ -76,8 +77,8 @@ def _key_problem(key: Key, value: Any) -> str | None:
     """What is wrong with one value on its own, or None."""
     if value is None:
         return None if key.default is None else f"expected {_type_name(key)}, got null"
-    if not _is_instance(value, key.type) or (
-        key.item and not all(_is_instance(item, key.item) for item in value)
+    if not _is_instance(value, key.type) or (  # `item`: a list's elements, a mapping's values
+        key.item and not all(_is_instance(item, key.item) for item in (value.values() if key.type is dict else value))
     ):
         return f"expected {_type_name(key)}, got {value!r} ({type(value).__name__})"
     if key.choices and value not in key.choices:

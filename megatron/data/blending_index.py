@@ -39,8 +39,12 @@ def build_blending_indices(weights: np.ndarray, num_samples: int) -> tuple[np.nd
 
 
 def build_blending_indices_numpy(weights: np.ndarray, num_samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """The same arrays by sorting every candidate's due time: enough candidates per dataset, then a stable sort."""
-    weights = normalized_weights(weights)
+    """The same arrays by sorting every candidate's due time: enough candidates per dataset, then a stable sort.
+    `weights` are used as given, as the compiled helper uses them (build_blending_indices normalized them once):
+    normalizing again could move a due time by one rounding and break a tie the other way."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if not np.all(weights > 0):
+        raise ValueError(f"blending weights must be positive, got {list(weights)}")
     if num_samples < 0:
         raise ValueError(f"num_samples must be non-negative, got {num_samples}")
     # The n-th due time is at most n + len(weights) / 2, so no dataset is taken more often than this.
