@@ -12,17 +12,14 @@ Offline use and local copies of the task datasets: docs/inference.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.config import Config
 from megatron.inference import load_model
 from megatron.inference.distributed import initialize_inference, is_output_rank
-from megatron.launch import decode_config
-from megatron.launch.process_group import leave_process_group
+from megatron.launch.process_group import run_rank
 from megatron.tokenizer import build_tokenizer
 
 
@@ -65,14 +62,4 @@ def main(cfg: Config) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--megatron_config", required=True, help="resolved config from deepy.py")
-    parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
-    try:
-        main(decode_config(parser.parse_args().megatron_config))
-    except CheckpointUnreadable as error:  # every rank found the same damage: one message, not one traceback each
-        if is_output_rank():
-            print(f"error: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    finally:
-        leave_process_group()
+    sys.exit(run_rank(main, __doc__))

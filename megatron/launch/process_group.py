@@ -7,8 +7,10 @@ class CPU machine.
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
+from collections.abc import Callable
 
 import deepspeed
 import numpy as np
@@ -17,8 +19,10 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
-from megatron.config import ConfigError
+from megatron.checkpoint.reader import CheckpointUnreadable
+from megatron.config import Config, ConfigError
 from megatron.launch import export_rank_environment
+from megatron.launch.config_argument import decode_config
 
 
 def communication_backend(cfg) -> str:
@@ -59,12 +63,25 @@ def set_seed(seed: int) -> None:
     mpu.seed_model_parallel_rng(seed)
 
 
-def said_once(error: Exception) -> int:
-    """Print `error`, which every rank raised alike (a ConfigError), on rank 0 only: one message, not one
-    traceback per rank. The exit code for it."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"config error: {error}", file=sys.stderr, flush=True)
-    return 2
+def run_rank(main: Callable[[Config], object], description: str) -> int:
+    """A rank's entry point (train.py, generate.py, eval.py): `main` on the config deepy.py passed, then the
+    process group left. An error every rank raises alike (a ConfigError, a damaged checkpoint) is printed
+    once, by rank 0, and exits 2: one message, not one traceback per rank. The exit code."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--megatron_config", required=True,
+                        help="resolved config from deepy.py (zlib-compressed JSON, base64)")
+    parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
+    cfg = decode_config(parser.parse_args().megatron_config)
+    try:
+        main(cfg)
+    except (ConfigError, CheckpointUnreadable) as error:
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            label = "config error" if isinstance(error, ConfigError) else "error"
+            print(f"{label}: {error}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        leave_process_group()
+    return 0
 
 
 def leave_process_group() -> None:
