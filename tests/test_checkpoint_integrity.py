@@ -20,9 +20,9 @@ import torch
 from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.safety import CheckpointRefused
 from megatron.checkpoint.selection import checkpoint_problems, resume_tag
-from tests.conftest import read_metrics
-from tests.distributed import run_on_ranks
-from tests.test_tensor_parallel_training import train
+from tests.conftest import read_metrics, run_deepy
+from tests.distributed import free_port, run_on_ranks
+from tests.test_tensor_parallel_training import TINY, train
 
 pytestmark = pytest.mark.slow
 
@@ -166,3 +166,13 @@ def test_disk_full_during_a_save_raises_one_clear_error_and_keeps_the_previous_c
     assert (small_disk / "latest").read_text() == "global_step2"
     assert checkpoint_problems(small_disk / "global_step2") == []
     assert not list(small_disk.glob(".tmp-*")), "the partial checkpoint is removed, freeing the space"
+
+
+def test_disk_full_under_deepy_is_one_message_per_failing_rank_without_tracebacks(small_disk, demo_data, tmp_path):
+    result = run_deepy("train.py", str(TINY), *overrides(demo_data, tmp_path, f"save={small_disk}",
+                                                          "keep_last_n_checkpoints=1"),
+                       f"master_port={free_port()}", check=False, timeout=300)
+    assert result.returncode != 0
+    assert "error (rank 0): could not save checkpoint global_step4 in" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "OSError" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("deepy.py: train.py failed")

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
+from megatron.checkpoint.commit import CheckpointWriteError
 from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.config import Config, ConfigError
 from megatron.launch import export_rank_environment
@@ -65,8 +66,10 @@ def set_seed(seed: int) -> None:
 
 def run_rank(main: Callable[[Config], object], description: str) -> int:
     """A rank's entry point (train.py, generate.py, eval.py): `main` on the config deepy.py passed, then the
-    process group left. An error every rank raises alike (a ConfigError, a damaged checkpoint) is printed
-    once, by rank 0, and exits 2: one message, not one traceback per rank. The exit code."""
+    process group left; the exit code. An error every rank raises alike (a ConfigError, a damaged checkpoint:
+    decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message, not one
+    traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit, without
+    the chained traceback of the OS error behind it (the message names it)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--megatron_config", required=True,
                         help="resolved config from deepy.py (zlib-compressed JSON, base64)")
@@ -79,6 +82,10 @@ def run_rank(main: Callable[[Config], object], description: str) -> int:
             label = "config error" if isinstance(error, ConfigError) else "error"
             print(f"{label}: {error}", file=sys.stderr, flush=True)
         return 2
+    except CheckpointWriteError as error:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
+        return 1
     finally:
         leave_process_group()
     return 0
