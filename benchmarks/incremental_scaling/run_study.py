@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as error:
         print(f"run_study.py: {error}", file=sys.stderr)
         return 1
-    command = [str(Path(__file__).relative_to(REPO)), *argv]
+    command = ["-m", "benchmarks.incremental_scaling.run_study", *argv]
     text = write_report(study.results, study.checkpoints,
                         header(command, seconds, time.perf_counter() - start, (load_before, os.getloadavg()[0])))
     print(f"\n{text}\n\nresults: {study.results}", flush=True)
