@@ -1,5 +1,5 @@
 """Reading and writing plain (consolidated) weight files: `pytorch_model.bin`/`.pt`, `.safetensors`, and the
-sharded form with an `*.index.json` that DeepSpeed's zero_to_fp32 writes for large models.
+sharded form with an `*.index.json` that DeepSpeed's zero_to_fp32 and Hugging Face write for large models.
 
 Loading is safe for untrusted files: torch.load(weights_only=True), which unpickles tensors and plain
 containers only, or safetensors, which holds no code at all. Each weights file may have its resolved
@@ -47,6 +47,41 @@ def read_weights(path: str | Path) -> dict[str, Tensor]:
             state.update(_read_one(path.parent / shard))
         return state
     return _read_one(path)
+
+
+def _whole(tensor: Tensor) -> Tensor:
+    """`tensor` alone in its storage, contiguous, on the CPU: safetensors refuses tensors sharing memory."""
+    tensor = tensor.detach().cpu()
+    alone = tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.nbytes
+    return tensor if alone else tensor.clone(memory_format=torch.contiguous_format)
+
+
+def write_safetensors_shards(state: Mapping[str, Tensor], directory: Path, max_shard_bytes: int) -> list[Path]:
+    """`directory`/model.safetensors, or, when the tensors exceed `max_shard_bytes`, shards
+    model-0000i-of-0000N.safetensors of at most that size (a larger tensor alone in one) listed by
+    model.safetensors.index.json (`weight_map`, `metadata.total_size`), as Hugging Face writes them."""
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        tensor = _whole(tensor)
+        if shards[-1] and size + tensor.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += tensor.nbytes
+    if len(shards) == 1:
+        save_file(shards[0], directory / SAFETENSORS_WEIGHTS, metadata={"format": "pt"})
+        return [directory / SAFETENSORS_WEIGHTS]
+    paths = [directory / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for shard, path in zip(shards, paths):
+        save_file(shard, path, metadata={"format": "pt"})
+    index = {"metadata": {"total_size": sum(t.nbytes for shard in shards for t in shard.values())},
+             "weight_map": {name: path.name for shard, path in zip(shards, paths) for name in shard}}
+    index_path = directory / f"{SAFETENSORS_WEIGHTS}.index.json"
+    index_path.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return [*paths, index_path]
 
 
 def weights_in_directory(directory: Path) -> Path | None:

@@ -1,0 +1,404 @@
+"""tools/convert_to_hf.py and tools/convert_from_hf.py: an exported directory loads with transformers'
+AutoModelForCausalLM (trust_remote_code, offline) and computes this framework's logits for every Θ, τ and
+architecture variant, a tensor-parallel checkpoint, a grown one (√n of the old count) and the official release
+file; its generate() with the KV cache chooses generate.py's tokens; HF -> framework -> HF gives back every
+tensor; lm-evaluation-harness's own `hf` backend scores it as eval.py's adapter does."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from megatron.checkpoint.weight_files import write_weights
+from megatron.config import load_config
+from megatron.hf.export import CODE_FILES
+from megatron.hf.export import HERE as HF_PACKAGE
+from megatron.inference import load_model
+from megatron.inference.generation import generate
+from megatron.inference.sampling import SamplingParams
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.tokenizer import build_tokenizer
+from megatron.training.pretrain import Trainer
+from tests.distributed import run_on_ranks
+from tests.inference_fixtures import PROBE, TINY
+from tests.test_official_checkpoint import RELEASED, VARIANT, VOCAB, official_state_dict, reference_logits, write_config
+from tools import convert_from_hf, convert_to_hf
+from tools.grow_checkpoint import grow_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread", "offline")
+TOLERANCE = 1e-5  # relative to the largest logit
+SMALL = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "qkv_slot_num": 16, "proj_slot_num": 16,
+         "ffn_slot_num": 48, "seq_length": 128, "rotary_pct": 0.5, "init_method_std": 0.5, "seed": 3,
+         "tokenizer_type": "CharLevelTokenizer"}
+# Θ, τ and the other architecture keys the exported model must follow. init std 0.5: every token's output
+# depends on the tokens before it.
+VARIANTS = {
+    "l2_norm_gelu-rotary-tied": {"norm_activation_type": "l2_norm_gelu", "pattention_tau": 1.0},
+    "gelu_l2_norm-learned-untied-affine-norms-tau": {"norm_activation_type": "gelu_l2_norm", "pos_emb": "learned",
+                                                      "no_weight_tying": True, "norm": "layernorm",
+                                                      "pattention_tau": 0.6},
+    "softmax-full-rotary-tau": {"norm_activation_type": "softmax", "rotary_pct": 1.0, "pattention_tau": 1.7},
+}
+PADDED_VOCAB = 384  # CharLevelTokenizer: 257 tokens, so rows 257..383 are padding
+GROWN_COUNTS = {"query": 9, "key": 11, "value": 16, "proj": 13, "mlp": 40}
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Nothing here may download: the hub's and datasets' offline modes, whose variables those libraries read
+    once, when first imported (possibly by another test module), hence also their constants."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+
+
+def load_hf(directory: Path):
+    return AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True, local_files_only=True)
+
+
+def relative_difference(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
+
+
+def write_run_config(directory: Path, values: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "run.yml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(TINY.read_text()), **values}), encoding="utf-8")
+    return path
+
+
+def random_export(directory: Path, variant: dict, grown: bool = False) -> tuple[TokenFormerModel, Path]:
+    """A model with random weights, exported as this framework exports (safetensors + config.json); `grown`
+    sets each Pattention's norm_token_count below its token count, as preserve growth leaves it."""
+    cfg = load_config([write_run_config(directory, {**SMALL, **variant})])
+    cfg.padded_vocab_size = PADDED_VOCAB
+    model = TokenFormerModel(TokenFormerArgs.for_inference(cfg, PADDED_VOCAB)).eval()
+    if grown:
+        for layer in model.layers:
+            for name, pattention in [(n, getattr(layer.attention, n)) for n in ("query", "key", "value", "proj")] + [
+                    ("mlp", layer.mlp)]:
+                pattention.norm_token_count.fill_(GROWN_COUNTS[name])
+    write_weights(model.state_dict(), cfg, directory / "export", safetensors=True)
+    return model, directory / "export"
+
+
+def hf_logits(directory: Path, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return load_hf(directory)(tokens).logits
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_every_variant_computes_the_frameworks_logits(variant, tmp_path):
+    model, export = random_export(tmp_path, variant, grown=True)
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    config = AutoConfig.from_pretrained(tmp_path / "hf", trust_remote_code=True, local_files_only=True)
+    assert (config.model_type, config.vocab_size, config.tokenizer_vocab_size) == ("tokenformer", PADDED_VOCAB, 257)
+    assert config.norm_token_counts == [GROWN_COUNTS] * 2 and config.qkv_slot_num == 16
+    assert (config.norm_activation_type, config.pattention_tau) == (variant["norm_activation_type"],
+                                                                     variant["pattention_tau"])
+    assert config.tie_word_embeddings == (not variant.get("no_weight_tying", False))
+    tokens = torch.randint(0, 257, (3, 100), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(tokens)
+    assert relative_difference(hf_logits(tmp_path / "hf", tokens), expected) <= TOLERANCE
+
+
+def greedy(hf, prompts: torch.Tensor, tokens: int, **options) -> tuple[list[list[int]], torch.Tensor]:
+    """transformers' greedy generate() without stopping at eos (as the framework runs below): the new tokens,
+    and the logits of every step [batch, tokens, vocabulary]."""
+    out = hf.generate(prompts, max_new_tokens=tokens, do_sample=False, eos_token_id=None, output_logits=True,
+                      return_dict_in_generate=True, **options)
+    return out.sequences[:, prompts.shape[1]:].tolist(), torch.stack(out.logits, dim=1)
+
+
+def assert_every_step_is_the_forward_pass(model, prompts: torch.Tensor, new_tokens: list[list[int]],
+                                          step_logits: torch.Tensor) -> None:
+    """Each step's logits (cached keys and values, positions after the cache) are those of the framework's
+    forward pass over the whole sequence: token choices aside, the cache computes the model."""
+    with torch.no_grad():
+        full = model(torch.cat((prompts, torch.tensor(new_tokens)), dim=1))[:, prompts.shape[1] - 1:-1]
+    assert relative_difference(step_logits, full) <= TOLERANCE
+
+
+def test_kv_cache_generation_matches_the_framework_greedy_sampled_and_beams(tmp_path):
+    model, export = random_export(tmp_path, VARIANTS["l2_norm_gelu-rotary-tied"])
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    hf = load_hf(tmp_path / "hf")
+    prompts = torch.randint(0, 257, (2, 7), generator=torch.Generator().manual_seed(4))
+    ours = [g.tokens for g in generate(model, prompts, 64, SamplingParams(), vocab_size=257)]
+    assert all(len(tokens) == 64 for tokens in ours) and ours[0] != ours[1]
+    for use_cache in (True, False):
+        tokens, step_logits = greedy(hf, prompts, 64, use_cache=use_cache)
+        assert tokens == ours
+        assert_every_step_is_the_forward_pass(model, prompts, tokens, step_logits)
+    sequence = torch.cat((prompts, torch.tensor(ours)), dim=1)
+    with torch.no_grad():  # the cache by hand, as a user's loop drives it: a prompt, then one token at a time
+        first = hf(sequence[:, :7], use_cache=True)
+        assert isinstance(first.past_key_values, DynamicCache)
+        steps = [first.logits] + [hf(sequence[:, i:i + 1], past_key_values=first.past_key_values).logits
+                                  for i in range(7, sequence.shape[1])]
+        assert relative_difference(torch.cat(steps, dim=1), model(sequence)) <= TOLERANCE
+
+    # A shorter prompt left-padded in a batch (attention_mask, positions) continues as it does alone.
+    short = prompts[1, 3:]
+    batch = torch.stack((prompts[0], torch.cat((torch.zeros(3, dtype=torch.long), short))))
+    mask = torch.ones_like(batch)
+    mask[1, :3] = 0
+    padded, padded_logits = greedy(hf, batch, 20, attention_mask=mask)
+    alone, alone_logits = greedy(hf, short[None], 20)
+    assert padded[1] == alone[0] and padded[0] == ours[0][:20]
+    assert relative_difference(padded_logits[1], alone_logits[0]) <= TOLERANCE
+
+    for options in ({"do_sample": True, "top_k": 40, "top_p": 0.95, "temperature": 0.9}, {"num_beams": 3}):
+        runs = []
+        for use_cache in (True, False):
+            torch.manual_seed(7)
+            runs.append(hf.generate(prompts, max_new_tokens=24, eos_token_id=None, use_cache=use_cache, **options))
+        assert torch.equal(runs[0], runs[1]) and runs[0].shape == (2, 7 + 24)
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert generation["suppress_tokens"] == list(range(257, PADDED_VOCAB))  # padded rows, as generate.py
+
+
+@pytest.mark.parametrize("architecture", [RELEASED, VARIANT], ids=["released", "untied-learned-gelu_l2_norm"])
+def test_the_official_release_file_converts_in_one_command(architecture, tmp_path, capsys):
+    cfg = write_config(tmp_path, architecture)
+    official = official_state_dict(cfg)
+    torch.save(official, tmp_path / "pytorch_model.bin")
+    convert_to_hf.main([str(tmp_path / "pytorch_model.bin"), str(tmp_path / "hf"), "--config",
+                        str(tmp_path / "official.yml")])
+    assert "no tokenizer written" in capsys.readouterr().out  # 257 byte tokens do not fit 128 rows
+    tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
+    logits = hf_logits(tmp_path / "hf", tokens)
+    with torch.no_grad():
+        ours = load_model(tmp_path / "pytorch_model.bin", config=tmp_path / "official.yml")(tokens)
+    assert relative_difference(logits, ours) <= TOLERANCE
+    torch.testing.assert_close(logits.double(), reference_logits(official, cfg, tokens), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["l2_norm_gelu-rotary-tied", "gelu_l2_norm-learned-untied-affine-norms-tau"])
+def test_hf_to_framework_to_hf_gives_back_every_tensor(variant, tmp_path):
+    model, export = random_export(tmp_path, VARIANTS[variant], grown=True)
+    convert_to_hf.main([str(export), str(tmp_path / "exported")])
+    # One fine-tuning step with transformers (its loss is the framework's; activation checkpointing on), saved by
+    # it: its own config.json and weights, in 40 kB shards.
+    hf = load_hf(tmp_path / "exported").train()
+    hf.activation_checkpointing_enable()
+    tokens = torch.randint(0, 257, (2, 60), generator=torch.Generator().manual_seed(2))
+    loss = hf(tokens, labels=tokens).loss
+    with torch.no_grad():
+        expected = F.cross_entropy(model(tokens)[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss.backward()
+    torch.optim.SGD(hf.parameters(), lr=0.1).step()
+    hf.eval().save_pretrained(tmp_path / "finetuned", max_shard_size="40KB")
+    saved = json.loads((tmp_path / "finetuned" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(saved.values())) > 1
+
+    convert_from_hf.main([str(tmp_path / "finetuned"), str(tmp_path / "checkpoint"), "--config",
+                          str(tmp_path / "run.yml"), "--model-parallel-size", "2"])
+    assert len(list((tmp_path / "checkpoint" / "global_step0").glob("mp_rank_*_model_states.pt"))) == 2
+    with torch.no_grad():
+        finetuned = hf(tokens).logits
+        assert relative_difference(finetuned, model(tokens)) > 1e-3  # the step changed the model
+        assert relative_difference(load_model(tmp_path / "checkpoint")(tokens), finetuned) <= TOLERANCE
+
+    convert_to_hf.main([str(tmp_path / "checkpoint"), str(tmp_path / "back"), "--max-shard-size", "30KB"])
+    index = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    before = {name: tensor for shard in set(saved.values()) for name, tensor in
+              load_file(tmp_path / "finetuned" / shard).items()}
+    after = {name: tensor for shard in set(index["weight_map"].values()) for name, tensor in
+             load_file(tmp_path / "back" / shard).items()}
+    assert before.keys() == after.keys() == set(index["weight_map"])
+    assert all(after[name].dtype == before[name].dtype and torch.equal(after[name], before[name]) for name in before)
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["norm_token_counts"] == [GROWN_COUNTS] * 2
+
+    # The converted checkpoint grows with the grow tool (preserve: the same function) and trains from there.
+    target = write_run_config(tmp_path / "target", {**SMALL, **VARIANTS[variant], "qkv_slot_num": 32,
+                                                    "proj_slot_num": 32, "ffn_slot_num": 96})
+    grown_dir = grow_checkpoint(tmp_path / "checkpoint", tmp_path / "grown", [target])[0]
+    with torch.no_grad():
+        assert relative_difference(load_model(grown_dir)(tokens), finetuned) <= TOLERANCE
+
+
+def test_the_copied_model_files_import_only_torch_and_transformers(tmp_path):
+    _, export = random_export(tmp_path, VARIANTS["l2_norm_gelu-rotary-tied"])
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    for name in CODE_FILES:
+        source = (HF_PACKAGE / name).read_text()
+        assert (tmp_path / "hf" / name).read_text() == source
+        imported = {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module for node in ast.walk(ast.parse(source))
+                     if isinstance(node, ast.ImportFrom) and not node.level}
+        assert {module.split(".")[0] for module in imported} <= {"__future__", "math", "torch", "transformers"}, name
+
+
+def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
+    _, export = random_export(tmp_path, VARIANTS["l2_norm_gelu-rotary-tied"])
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("")
+    for argv, message in [([str(export), str(tmp_path / "taken")], "OUTPUT_DIR .*taken exists and is not empty"),
+                          ([str(tmp_path / "missing"), str(tmp_path / "out")], "missing does not exist"),
+                          ([str(export), str(tmp_path / "out"), "--max-shard-size", "lots"], "is not a size")]:
+        with pytest.raises(SystemExit) as exit_:
+            convert_to_hf.main(argv)
+        error = capsys.readouterr().err
+        assert exit_.value.code == 2 and error.count("\n") == 1, error
+        assert re.search(message, error), error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "run.yml", "taken"]  # nothing half-written
+
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    other = write_run_config(tmp_path / "other", {**SMALL, "hidden_size": 64, "norm_activation_type": "softmax"})
+    with pytest.raises(SystemExit) as exit_:
+        convert_from_hf.main([str(tmp_path / "hf"), str(tmp_path / "checkpoint"), "--config", str(other)])
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and error.count("\n") == 1
+    assert "hidden_size 64 (config.json: hidden_size=32)" in error and "Set those keys" in error
+    assert "norm_activation_type 'softmax' (config.json: norm_activation_type='l2_norm_gelu')" in error
+    assert not (tmp_path / "checkpoint").exists()
+
+
+# --- checkpoints trained here (2 tensor-parallel ranks), grown, and scored by lm-eval ----------------------
+
+@pytest.mark.slow
+def test_tensor_parallel_checkpoint_exports_with_its_logits_tokenizer_and_generation(tensor_parallel_checkpoint,
+                                                                                   tmp_path):
+    # max_position_embeddings 128, so that 64 tokens follow a prompt (rotary positions: a limit, not a weight)
+    (tmp_path / "run.json").write_text(tensor_parallel_checkpoint.config("max_position_embeddings=128").to_json())
+    directory = tmp_path / "hf"
+    convert_to_hf.main([str(tensor_parallel_checkpoint.save), str(directory), "--config", str(tmp_path / "run.json")])
+    ours = load_model(tensor_parallel_checkpoint.save, config=tmp_path / "run.json")
+    hf = load_hf(directory)
+    with torch.no_grad():
+        assert relative_difference(hf(PROBE).logits, ours(PROBE)) <= TOLERANCE
+    assert relative_difference(hf_logits(directory, PROBE), tensor_parallel_checkpoint.logits) <= TOLERANCE
+
+    cfg = tensor_parallel_checkpoint.config()
+    tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file)
+    hf_tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=True, local_files_only=True)
+    assert hf_tokenizer.eos_token_id == hf.generation_config.eos_token_id == tokenizer.eod
+    for text in ("def main():\n    return 1\n", "import os", "The value is None."):
+        assert hf_tokenizer(text)["input_ids"] == tokenizer.tokenize(text)
+
+    prompt = torch.tensor([tokenizer.tokenize("def main():\n    return")])
+    [expected] = generate(ours, prompt, 64, SamplingParams(), vocab_size=tokenizer.vocab_size)
+    assert len(expected.tokens) == 64
+    for use_cache in (True, False):
+        tokens, step_logits = greedy(hf, prompt, 64, use_cache=use_cache)
+        assert tokens == [expected.tokens]
+        assert_every_step_is_the_forward_pass(ours, prompt, tokens, step_logits)
+
+
+@pytest.mark.slow
+def test_grown_checkpoint_keeps_the_old_norm_token_counts(tensor_parallel_checkpoint, tmp_path):
+    values = {key: yaml.safe_load(value)
+              for key, value in (override.split("=", 1) for override in tensor_parallel_checkpoint.overrides)}
+    target = tmp_path / "target.yml"
+    target.write_text(yaml.safe_dump({**values, "qkv_slot_num": 128, "proj_slot_num": 128, "ffn_slot_num": 512,
+                                      "model_parallel_size": 1, "growth_mode": "preserve"}))
+    grown = grow_checkpoint(tensor_parallel_checkpoint.save, tmp_path / "grown", [TINY, target])[0]
+    convert_to_hf.main([str(grown.parent), str(tmp_path / "hf")])
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["ffn_slot_num"] == 512
+    assert config["norm_token_counts"] == [{"query": 64, "key": 64, "value": 64, "proj": 64, "mlp": 256}] * 2
+    with torch.no_grad():
+        expected = load_model(grown)(PROBE)
+    logits = hf_logits(tmp_path / "hf", PROBE)
+    assert relative_difference(logits, expected) <= TOLERANCE
+    assert relative_difference(logits, tensor_parallel_checkpoint.logits) <= TOLERANCE  # growth kept the function
+
+
+def _train_from_checkpoint(values: dict) -> tuple[int, int, float]:
+    """One rank: a run of tests/tiny.yml with `values` (its `load` the checkpoint); (the iteration it starts at, the
+    one it ends at, its first training loss)."""
+    trainer = Trainer(load_config([TINY], [f"{key}={json.dumps(value)}" for key, value in values.items()],
+                                  world_size=1))
+    start = trainer.state.iteration
+    trainer.train()
+    trainer.metrics.close()
+    first_loss = json.loads((Path(values["log_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["lm_loss"]
+    return start, trainer.state.iteration, first_loss
+
+
+@pytest.mark.slow
+def test_a_model_fine_tuned_with_transformers_grows_and_trains_here(tensor_parallel_checkpoint, tmp_path):
+    convert_to_hf.main([str(tensor_parallel_checkpoint.save), str(tmp_path / "hf")])
+    hf = load_hf(tmp_path / "hf").train()
+    hf(PROBE, labels=PROBE).loss.backward()
+    torch.optim.SGD(hf.parameters(), lr=0.5).step()
+    hf.eval().save_pretrained(tmp_path / "finetuned")
+    values = {key: yaml.safe_load(value)
+              for key, value in (override.split("=", 1) for override in tensor_parallel_checkpoint.overrides)}
+    run = tmp_path / "run.yml"
+    run.write_text(yaml.safe_dump(values))
+    convert_from_hf.main([str(tmp_path / "finetuned"), str(tmp_path / "checkpoint"), "--config", str(TINY), str(run),
+                          "--model-parallel-size", "2"])
+    target = tmp_path / "target.yml"
+    target.write_text(yaml.safe_dump({**values, "qkv_slot_num": 128, "proj_slot_num": 128, "ffn_slot_num": 512,
+                                      "model_parallel_size": 1}))
+    grown = grow_checkpoint(tmp_path / "checkpoint", tmp_path / "grown", [TINY, target])[0]
+    with torch.no_grad():
+        finetuned = hf(PROBE).logits
+        assert relative_difference(finetuned, tensor_parallel_checkpoint.logits) > 1e-3  # the step changed it
+        assert relative_difference(load_model(grown)(PROBE), finetuned) <= TOLERANCE
+
+    training = {**values, "qkv_slot_num": 128, "proj_slot_num": 128, "ffn_slot_num": 512, "model_parallel_size": 1,
+                "num_gpus": 1, "load": str(grown.parent), "save": str(tmp_path / "trained"),
+                "log_dir": str(tmp_path / "logs"), "train_iters": 2, "lr_decay_iters": 2}
+    start, end, first_loss = run_on_ranks(1, _train_from_checkpoint, training)[0]
+    assert (start, end) == (0, 2) and 0 < first_loss < 10  # ln(2048) = 7.6: the fine-tuned model, not NaN
+    assert (tmp_path / "trained" / "latest").read_text().strip() == "global_step2"
+
+
+@pytest.mark.slow
+def test_lm_eval_hf_backend_agrees_with_the_frameworks_adapter(tensor_parallel_checkpoint, tmp_path, monkeypatch):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from megatron.inference.lm_eval_adapter import TokenFormerLM
+    from tests.test_lm_eval_adapter import TASKS, write_local_tasks
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets_cache"))
+    write_local_tasks(tmp_path)
+    convert_to_hf.main([str(tensor_parallel_checkpoint.save), str(tmp_path / "hf")])
+    cfg = tensor_parallel_checkpoint.config()
+    tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file)
+
+    def evaluate(model, **options) -> dict:
+        tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)
+        return lm_eval.simple_evaluate(
+            model=model, tasks=list(TASKS), task_manager=tasks, log_samples=True, random_seed=0, numpy_random_seed=0,
+            torch_random_seed=0, **options)
+
+    def answers(evaluation: dict, task: str) -> list:
+        """Each document's responses (log-likelihoods and greedy flags, rolling sums, generated text)."""
+        return [sample["filtered_resps"] for sample in sorted(evaluation["samples"][task], key=lambda s: s["doc_id"])]
+
+    ours = evaluate(TokenFormerLM(load_model(tensor_parallel_checkpoint.save), tokenizer, batch_size=2))
+    theirs = evaluate("hf", model_args=f"pretrained={tmp_path / 'hf'},trust_remote_code=True,dtype=float32,"
+                      "backend=causal", batch_size=2, device="cpu")
+    choices, hf_choices = ([choice for doc in answers(run, "local_choice") for choice in doc] for run in (ours, theirs))
+    assert [is_greedy for _, is_greedy in hf_choices] == [is_greedy for _, is_greedy in choices]
+    assert [score for score, _ in hf_choices] == pytest.approx([score for score, _ in choices], rel=1e-5)
+    rolling, hf_rolling = ([total for [total] in answers(run, "local_rolling")] for run in (ours, theirs))
+    assert hf_rolling == pytest.approx(rolling, rel=1e-5)
+    assert answers(theirs, "local_generation") == answers(ours, "local_generation")
+    assert any(text for [text] in answers(ours, "local_generation"))  # something was generated
+    for task, metric in (("local_choice", "acc,none"), ("local_rolling", "bits_per_byte,none"),
+                         ("local_generation", "exact_match,none")):
+        assert theirs["results"][task][metric] == pytest.approx(ours["results"][task][metric], rel=1e-5)
