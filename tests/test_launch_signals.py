@@ -86,3 +86,16 @@ def test_a_lock_left_by_a_killed_run_does_not_hold_the_next_one(demo_data, tmp_p
                         "eval_iters=0", f"save={run / 'checkpoints'}", f"log_dir={run / 'logs'}",
                         f"master_port={free_port()}", timeout=300)
     assert "exiting" not in resumed.stdout and (run / "checkpoints" / "latest").read_text().strip() == "global_step4"
+
+
+def test_sigterm_to_deepspeeds_runner_reaches_the_ranks_too(demo_data, tmp_path):
+    run = tmp_path / "run"
+    launcher = start_training(demo_data, run)
+    wait_for_iteration(launcher, run, 3)
+    [runner] = [p for p in psutil.Process(launcher.pid).children() if "deepspeed.launcher.runner" in p.cmdline()]
+    runner.send_signal(signal.SIGTERM)
+    stdout, stderr = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, stdout + stderr
+    assert "deepy.py: the launcher was ended by SIGTERM; SIGTERM sent to the 2 ranks here" in stderr
+    stopped_at = trained_iterations(run)
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"global_step{stopped_at}"
