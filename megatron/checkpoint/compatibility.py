@@ -66,9 +66,9 @@ def tensor_problems(tag_dir: Path, cfg, padded_vocab_size: int) -> list[str]:
             shape[dims[name]] //= ranks
         expected[name] = shape
     files = ModelFiles(tag_dir, cfg.num_layers)
-    lines = []
-    for name in sorted(expected.keys() | files.names()):
-        if name not in files.names():
+    saved_names, lines = files.names(), []
+    for name in sorted(expected.keys() | saved_names):
+        if name not in saved_names:
             lines.append(f"{name}: in the model, not in the checkpoint")
         elif name not in expected:
             lines.append(f"{name}: in the checkpoint, not in the model")
