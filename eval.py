@@ -13,7 +13,6 @@ Offline use and local copies of the task datasets: docs/inference.md.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from megatron.config import Config
@@ -62,4 +61,4 @@ def main(cfg: Config) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(run_rank(main, __doc__))
+    run_rank(main, __doc__)

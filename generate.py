@@ -11,8 +11,6 @@ docs/inference.md.
 
 from __future__ import annotations
 
-import sys
-
 from megatron.config import Config
 from megatron.inference import load_model
 from megatron.inference.distributed import initialize_inference
@@ -29,4 +27,4 @@ def main(cfg: Config) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_rank(main, __doc__))
+    run_rank(main, __doc__)

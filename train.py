@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 from megatron.launch.process_group import run_rank
@@ -17,4 +16,4 @@ warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprec
 
 
 if __name__ == "__main__":
-    sys.exit(run_rank(pretrain, __doc__))
+    run_rank(pretrain, __doc__)

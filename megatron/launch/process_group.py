@@ -8,9 +8,12 @@ class CPU machine.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import random
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 import deepspeed
 import numpy as np
@@ -64,36 +67,50 @@ def set_seed(seed: int) -> None:
     mpu.seed_model_parallel_rng(seed)
 
 
-def run_rank(main: Callable[[Config], object], description: str) -> int:
+def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     """A rank's entry point (train.py, generate.py, eval.py): `main` on the config deepy.py passed, then the
-    process group left; the exit code. An error every rank raises alike (a ConfigError, a damaged checkpoint:
-    decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message, not one
-    traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit, without
-    the chained traceback of the OS error behind it (the message names it)."""
+    process group left and the process ended. An error every rank raises alike (a ConfigError, a damaged
+    checkpoint: decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message,
+    not one traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit,
+    without the chained traceback of the OS error behind it (the message names it)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--megatron_config", required=True,
                         help="resolved config from deepy.py (zlib-compressed JSON, base64)")
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
     cfg = decode_config(parser.parse_args().megatron_config)
+    code = 1
     try:
         main(cfg)
+        code = 0
     except (ConfigError, CheckpointUnreadable) as error:
         if not dist.is_initialized() or dist.get_rank() == 0:
             label = "config error" if isinstance(error, ConfigError) else "error"
             print(f"{label}: {error}", file=sys.stderr, flush=True)
-        return 2
+        code = 2
     except CheckpointWriteError as error:
         rank = dist.get_rank() if dist.is_initialized() else 0
         print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
-        return 1
     finally:
-        leave_process_group()
-    return 0
+        leave_process_group(finished=code == 0)
+    end_process(code)
 
 
-def leave_process_group() -> None:
-    """End a rank's work: leaving with the gloo group alive can abort the process at exit ("terminate called
-    without an active exception") after the work is done, so the entry points (train.py, generate.py,
-    eval.py) destroy it."""
+def leave_process_group(finished: bool = True) -> None:
+    """Destroy the process group; when every rank `finished`, only after a barrier, so that no rank shuts its
+    connections while another is still in a collective. (After an error some ranks may not reach the barrier:
+    the launcher stops the rest when the failed rank exits.)"""
     if dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit with `code` once output is flushed, without the interpreter's teardown: process groups still
+    referenced by DeepSpeed's and our module globals would be destroyed there in no set order, and gloo then
+    aborts a finished rank now and then ("terminate called without an active exception", exit -6). Every file
+    the run writes is closed and synced before this point (checkpoints commit, the metrics log is closed)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
