@@ -1,4 +1,4 @@
-"""Pattention forward+backward time vs its six GEMMs alone, and activation memory vs the plain formula.
+"""Pattention forward+backward time vs its six GEMMs alone, and activation memory: plain, fused and flash.
 
     .venv/bin/python -m benchmarks.pattention [--tokens 1024] [--repeats 5] [--threads N] [--clock wall|cpu]
         [--baseline OTHER_VERSION/megatron/model/pattention.py]
@@ -7,12 +7,14 @@ Shapes are the paper configs' Pattention layers (width d, n parameter tokens) fo
 tokens (a micro-batch slice that fits this CPU); "×3" is attention's Q, K and V run as one fused node.
 The GEMM-only baseline runs exactly the six matrix products a Pattention needs (forward X·Kᵀ and S·V;
 backward dY·Vᵀ, Sᵀ·dY, dA·K and dAᵀ·X) with no normalisation: the limit any implementation can reach.
-The three variants alternate and each keeps its fastest run (benchmarks/timing.py).
+The variants alternate and each keeps its fastest run (benchmarks/timing.py); flash is the blockwise
+PyTorch path (megatron/model/flash_pattention.py; its Triton kernels need a GPU to be timed).
 Memory (benchmarks/activation_memory.py): "saved" is what autograd keeps from forward to backward,
-"peak" the most bytes held at once during forward + backward; both fused / plain. "non-G" is the
-profiler's self time of the fused run's operators other than matrix products over the products' (a
-ratio within one run, so steadier under load than the timings). The last line gives the fused time
-over the GEMMs' summed over all shapes and Θ (and the worst single one) and the worst memory ratios.
+"peak" the most bytes held at once during forward + backward; "f/p" is fused / plain, "fl/f" flash /
+fused. "non-G" is the profiler's self time of the fused run's operators other than matrix products over
+the products' (a ratio within one run, so steadier under load than the timings). The last lines give
+the fused and flash times over the GEMMs' summed over all shapes and Θ (and the worst single one), the
+worst memory ratios, and flash's worst peak / fused at n ≥ 4d (the FFN shapes).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
 from benchmarks.timing import add_arguments, fastest
+from megatron.model.flash_pattention import flash_pattentions
 from megatron.model.pattention import fused_pattentions, pattention
 
 NORM_TYPES = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
@@ -64,6 +67,10 @@ def plain(x, keys, values, norm_type):
 
 def fused(x, keys, values, norm_type):
     return fused_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
+
+
+def flash(x, keys, values, norm_type):
+    return flash_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys], backend="pytorch")
 
 
 def load_baseline(path: Path) -> Callable:
@@ -104,16 +111,16 @@ def non_gemm_share(step: Callable[[], None], runs: int = 3) -> float:
     return min(shares)
 
 
-def memory_ratios(x, keys, values, norm_type, grad_out) -> tuple[float, float]:
-    """(saved, peak) activation bytes of the fused node over the plain formula's."""
+def memory_ratios(x, keys, values, norm_type, grad_out) -> tuple[float, float, float, float]:
+    """Activation bytes: saved fused/plain, peak fused/plain, saved flash/fused, peak flash/fused."""
     params = (x, *keys, *values)
-    saved = [saved_activation_bytes(lambda fn=fn: fn(x, keys, values, norm_type), exclude=params)
-             for fn in (fused, plain)]
-    peak = []
-    for fn in (fused, plain):
+    saved, peak = {}, {}
+    for fn in (plain, fused, flash):
+        saved[fn] = saved_activation_bytes(lambda fn=fn: fn(x, keys, values, norm_type), exclude=params)
         clear_grads(*params)
-        peak.append(peak_activation_bytes(forward_backward(fn, x, keys, values, norm_type, grad_out), params))
-    return saved[0] / saved[1], peak[0] / peak[1]
+        peak[fn] = peak_activation_bytes(forward_backward(fn, x, keys, values, norm_type, grad_out), params)
+    return (saved[fused] / saved[plain], peak[fused] / peak[plain], saved[flash] / saved[fused],
+            peak[flash] / peak[fused])
 
 
 def main() -> None:
@@ -127,35 +134,42 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"threads={args.threads} tokens={args.tokens} fp32; fastest of {args.repeats} alternating runs "
           f"({args.clock} clock, ms)")
-    header = (f"{'Θ':<13} {'layer':<14} {'d':>5} {'n':>5} {'GEMMs':>8} {'plain':>8} {'fused':>8} "
-              f"{'plain/G':>8} {'fused/G':>8} {'non-G':>6} {'saved f/p':>10} {'peak f/p':>9}"
-              + (f" {'base/G':>7}" if baseline else ""))
+    header = (f"{'Θ':<13} {'layer':<14} {'d':>5} {'n':>5} {'GEMMs':>8} {'plain':>8} {'fused':>8} {'flash':>8} "
+              f"{'plain/G':>8} {'fused/G':>8} {'flash/G':>8} {'non-G':>6} {'saved f/p':>10} {'peak f/p':>9} "
+              f"{'saved fl/f':>10} {'peak fl/f':>9}" + (f" {'base/G':>7}" if baseline else ""))
     print(header)
     print("-" * len(header))
-    total = {"gemms": 0.0, "fused": 0.0}
-    worst = {"time": 0.0, "saved": 0.0, "peak": 0.0}
+    total = {"gemms": 0.0, "fused": 0.0, "flash": 0.0}
+    worst = {"time": 0.0, "flash time": 0.0, "saved": 0.0, "peak": 0.0, "flash peak n>=4d": 0.0}
     for norm_type in NORM_TYPES:
         for name, d, n, count in SHAPES:
             x, keys, values, grad_out = tensors(args.tokens, d, n, count)
             fused_step = forward_backward(fused, x, keys, values, norm_type, grad_out)
             steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out),
-                     "plain": forward_backward(plain, x, keys, values, norm_type, grad_out), "fused": fused_step}
+                     "plain": forward_backward(plain, x, keys, values, norm_type, grad_out), "fused": fused_step,
+                     "flash": forward_backward(flash, x, keys, values, norm_type, grad_out)}
             if baseline:
                 steps["base"] = forward_backward(baseline, x, keys, values, norm_type, grad_out)
             times = fastest(steps, args.repeats, args.clock)
             share = non_gemm_share(fused_step)
-            saved, peak = memory_ratios(x, keys, values, norm_type, grad_out)
+            saved, peak, flash_saved, flash_peak = memory_ratios(x, keys, values, norm_type, grad_out)
             gemm = times["gemms"]
-            total = {"gemms": total["gemms"] + gemm, "fused": total["fused"] + times["fused"]}
-            worst = {"time": max(worst["time"], times["fused"] / gemm), "saved": max(worst["saved"], saved),
-                     "peak": max(worst["peak"], peak)}
+            total = {key: total[key] + times[key] for key in total}
+            worst = {"time": max(worst["time"], times["fused"] / gemm),
+                     "flash time": max(worst["flash time"], times["flash"] / gemm),
+                     "saved": max(worst["saved"], saved), "peak": max(worst["peak"], peak),
+                     "flash peak n>=4d": max(worst["flash peak n>=4d"], flash_peak if n >= 4 * d else 0.0)}
             print(f"{norm_type:<13} {name:<14} {d:>5} {n:>5} {gemm * 1e3:>8.1f} {times['plain'] * 1e3:>8.1f} "
-                  f"{times['fused'] * 1e3:>8.1f} {times['plain'] / gemm:>8.2f} {times['fused'] / gemm:>8.2f} "
-                  f"{share:>6.2f} {saved:>10.2f} {peak:>9.2f}"
+                  f"{times['fused'] * 1e3:>8.1f} {times['flash'] * 1e3:>8.1f} {times['plain'] / gemm:>8.2f} "
+                  f"{times['fused'] / gemm:>8.2f} {times['flash'] / gemm:>8.2f} {share:>6.2f} {saved:>10.2f} "
+                  f"{peak:>9.2f} {flash_saved:>10.2f} {flash_peak:>9.2f}"
                   + (f" {times['base'] / gemm:>7.2f}" if baseline else ""), flush=True)
-    print(f"ratio: fused Pattention time / six GEMMs = {total['fused'] / total['gemms']:.2f} (all shapes and Θ; "
-          f"worst one {worst['time']:.2f}); activation memory fused / plain: saved {worst['saved']:.2f}, "
-          f"peak {worst['peak']:.2f} (worst)")
+    print(f"fused Pattention time / six GEMMs = {total['fused'] / total['gemms']:.2f} (all shapes and Θ; worst one "
+          f"{worst['time']:.2f}); activation memory fused / plain: saved {worst['saved']:.2f}, peak "
+          f"{worst['peak']:.2f} (worst)")
+    print(f"ratio: flash Pattention time / six GEMMs = {total['flash'] / total['gemms']:.2f} (worst one "
+          f"{worst['flash time']:.2f}); peak activation memory flash / fused at n >= 4d = "
+          f"{worst['flash peak n>=4d']:.2f} (worst)")
 
 
 if __name__ == "__main__":

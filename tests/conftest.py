@@ -9,8 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+if not torch.cuda.is_available():
+    # Triton kernels run here under Triton's interpreter, which must be on before anything imports triton
+    # (torch._dynamo does): see megatron/model/flash_triton.py.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest_plugins = ["tests.inference_fixtures"]
 

@@ -112,3 +112,15 @@ def test_missing_data_file_is_named(tmp_path):
     result = run_deepy("train.py", TINY, f"data_path={tmp_path}/nothing", f"vocab_file={tmp_path}/t.json", check=False)
     assert result.returncode == 2
     assert f"{tmp_path}/nothing" in result.stderr
+
+
+def test_fused_pattention_reproduces_the_default_flash_losses(baseline_run, demo_data, tmp_path):
+    """The baseline trains with pattention_impl=flash (the default); the fused node must give the same 20
+    iterations (DP=2, ZeRO-1) within 1e-4 relative: the implementations compute the same function."""
+    run_dir, _ = baseline_run
+    run_deepy("train.py", TINY, *data_overrides(demo_data), "pattention_impl=fused", "train_iters=20",
+              f"log_dir={tmp_path}/logs")
+    flash = train_losses(run_dir / "logs")
+    fused = train_losses(tmp_path / "logs")
+    assert sorted(fused) == list(range(1, 21))
+    assert all(abs(fused[i] - flash[i]) <= 1e-4 * abs(flash[i]) for i in fused), [(i, fused[i], flash[i]) for i in fused]

@@ -122,6 +122,16 @@ _MODEL = (
         "factor, which l2_norm_gelu and gelu_l2_norm apply themselves; this key has no effect under "
         "l2_norm_gelu (the L2 normalisation cancels it) and the official layout cannot hold a value other than "
         "1 (export refuses it).", valid_range=POSITIVE),
+    Key("pattention_impl", str, "flash", "model",
+        "How every Pattention is computed (the same function and gradients, different memory and time; "
+        "docs/performance.md): flash keeps only its input and O(tokens) statistics for backward, visiting the "
+        "parameter tokens in tiles (Triton kernels on CUDA, PyTorch elsewhere); fused keeps one [tokens, n] "
+        "score matrix per Pattention; plain is the reference formula under autograd (about three).",
+        choices=("plain", "fused", "flash")),
+    Key("flash_backend", str, "auto", "model",
+        "Tile kernels of pattention_impl=flash: auto (Triton on CUDA, PyTorch otherwise), pytorch, or triton "
+        "(also on a CPU, under Triton's interpreter: slow, for testing the kernels).",
+        choices=("auto", "pytorch", "triton")),
     Key("init_method", str, "normal", "model", "Initialisation of every weight except layer outputs.",
         choices=_INIT_METHODS),
     Key("output_layer_init_method", str, "scaled_normal", "model",

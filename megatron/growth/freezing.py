@@ -31,7 +31,7 @@ from megatron.checkpoint.work_split import is_rank_0
 from megatron.config import ConfigError
 from megatron.growth.plan import PATTENTION_SLOT_KEYS, SLOT_KEYS
 from megatron.model.frozen_tokens import freeze_leading_tokens
-from megatron.model.pattention import Pattention
+from megatron.model.pattention_layer import Pattention
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bfloat16": torch.bfloat16, "fp16": torch.float16}
 

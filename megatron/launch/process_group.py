@@ -78,6 +78,9 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
                         help="resolved config from deepy.py (zlib-compressed JSON, base64)")
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
     cfg = decode_config(parser.parse_args().megatron_config)
+    if cfg.flash_backend == "triton" and get_accelerator().device_name() == "cpu":
+        # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     code = 1
     try:
         main(cfg)

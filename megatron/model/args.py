@@ -11,6 +11,8 @@ from typing import Any
 POSITION_EMBEDDINGS = ("rotary", "learned", "none")
 LAYER_NORMS = ("layernorm_nonparam", "layernorm")
 NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
+PATTENTION_IMPLS = ("plain", "fused", "flash")
+FLASH_BACKENDS = ("auto", "pytorch", "triton")
 INIT_METHODS = ("normal", "scaled_normal", "wang_init", "small_init", "xavier_normal", "xavier_uniform")
 # Config keys that change the function the weights compute (shapes are checked against the weights).
 ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "qkv_slot_num", "proj_slot_num",
@@ -44,6 +46,8 @@ class TokenFormerArgs:
     no_weight_tying: bool = False
     norm_activation_type: str = "l2_norm_gelu"
     pattention_tau: float = 1.0
+    pattention_impl: str = "flash"
+    flash_backend: str = "auto"
     init_method: str = "normal"
     output_layer_init_method: str = "scaled_normal"
     init_method_std: float = 0.02
@@ -100,7 +104,8 @@ class TokenFormerArgs:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name}={value!r}: must be a positive integer")
         choices = {"pos_emb": POSITION_EMBEDDINGS, "norm": LAYER_NORMS, "final_norm": LAYER_NORMS,
-                   "norm_activation_type": NORM_ACTIVATIONS, "init_method": INIT_METHODS,
+                   "norm_activation_type": NORM_ACTIVATIONS, "pattention_impl": PATTENTION_IMPLS,
+                   "flash_backend": FLASH_BACKENDS, "init_method": INIT_METHODS,
                    "output_layer_init_method": INIT_METHODS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -3,9 +3,9 @@
 Submodule names follow the official release: `query`, `key`, `value` (qkv_slot_num tokens each) and
 `proj` (proj_slot_num tokens), all hidden_size -> hidden_size.
 
-Q, K and V are three Pattentions of the same input, computed by one fused node (outputs written straight
-into one [3, b, s, d] tensor, X's gradient accumulated in place); splitting them into heads and rotating
-Q and K is one more node (`_Heads`). docs/performance.md says why.
+Q, K and V are three Pattentions of the same input, computed in one node of the configured implementation
+(fused or flash: outputs written straight into one [3, b, s, d] tensor, X's gradient accumulated in place);
+splitting them into heads and rotating Q and K is one more node (`_Heads`). docs/performance.md says why.
 
 Tensor parallelism (docs/tensor_parallel.md): every Pattention is split by parameter tokens, the heads
 by rank. Q, K and V leave their Pattentions as per-rank partial sums; one reduce-scatter along the
@@ -21,12 +21,9 @@ from torch import Tensor, nn
 from megatron.model.args import TokenFormerArgs
 from megatron.model.kv_cache import LayerKVCache, causal_mask
 from megatron.model.parallel_pattention import ParallelPattention
-from megatron.model.pattention import fused_pattentions
 from megatron.model.rotary import apply_rotary, rotary_cos_sin
 from megatron.mpu import (
     all_gather_to_region,
-    all_reduce_max,
-    all_reduce_sum,
     copy_to_region,
     reduce_from_region,
     reduce_scatter_to_region,
@@ -44,7 +41,8 @@ class SelfAttention(nn.Module):
         d = args.hidden_size
 
         def make_pattention(num_tokens: int) -> ParallelPattention:
-            return ParallelPattention(d, d, num_tokens, args.norm_activation_type, args.pattention_tau, device=device)
+            return ParallelPattention(d, d, num_tokens, args.norm_activation_type, args.pattention_tau, device=device,
+                                      impl=args.pattention_impl, flash_backend=args.flash_backend)
 
         self.query = make_pattention(args.qkv_slot_num)
         self.key = make_pattention(args.qkv_slot_num)
@@ -57,10 +55,7 @@ class SelfAttention(nn.Module):
 
     def _partial_qkv(self, x: Tensor) -> Tensor:
         """This rank's shares of Q, K and V for x [b, s, d]: [3, b, s, d]."""
-        layers = (self.query, self.key, self.value)
-        return fused_pattentions(x, [p.key_param_tokens for p in layers], [p.value_param_tokens for p in layers],
-                                 self.query.norm_type, self.query.tau, [p.norm_token_count for p in layers],
-                                 reduce_sum=all_reduce_sum, reduce_max=all_reduce_max)
+        return self.query.run_split([self.query, self.key, self.value], x)
 
     def forward(self, x: Tensor, cache: LayerKVCache | None = None) -> Tensor:
         """With a `cache`, x holds the tokens after the cached ones: they attend to those too."""

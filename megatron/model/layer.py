@@ -29,7 +29,7 @@ class TokenFormerLayer(nn.Module):
         self.attention = SelfAttention(args, device)
         self.post_attention_layernorm = make_layer_norm(args.norm, d, args.layernorm_epsilon, device)
         self.mlp = ParallelPattention(d, d, args.ffn_slot_num, args.norm_activation_type, args.pattention_tau,
-                                      device=device)
+                                      device=device, impl=args.pattention_impl, flash_backend=args.flash_backend)
         self.hidden_dropout = args.hidden_dropout
 
     def forward(self, x: Tensor, cache: LayerKVCache | None = None) -> Tensor:

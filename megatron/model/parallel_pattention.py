@@ -8,14 +8,17 @@ Rank r of t holds key and value tokens [r·n/t, (r+1)·n/t) of the layer, under 
     Y_r = Θ(A_r; s, m, n)·V_r                                this rank's share; Σ_r Y_r = Pattention(X)
 
 The shares are summed by the caller: an all-reduce when the next computation is replicated (`forward`),
-a reduce-scatter when it is split (Q, K, V into attention heads). The math is pattention.py's fused
-node, given the tensor-parallel all-reduces for the row statistics (forward) and their gradient (backward).
+a reduce-scatter when it is split (Q, K, V into attention heads). The math is the layer's implementation
+(pattention_layer.py), given the tensor-parallel all-reduces for the row statistics (forward) and their
+gradient (backward).
 """
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from megatron.model.pattention import Pattention, fused_pattention
+from megatron.model.pattention_layer import Pattention
 from megatron.mpu import all_reduce_max, all_reduce_sum, copy_to_region, mark_split, reduce_from_region, split_size
 
 
@@ -30,16 +33,22 @@ class ParallelPattention(Pattention):
         norm_type: str,
         tau: float = 1.0,
         device: str | torch.device | None = None,
+        impl: str = "flash",
+        flash_backend: str = "auto",
     ) -> None:
         local_tokens = split_size(num_tokens, "a Pattention's parameter-token count (slot_num)")
-        super().__init__(input_dim, output_dim, local_tokens, norm_type, tau, device, norm_token_count=num_tokens)
+        super().__init__(input_dim, output_dim, local_tokens, norm_type, tau, device, norm_token_count=num_tokens,
+                         impl=impl, flash_backend=flash_backend)
         mark_split(self.key_param_tokens, dim=0)
         mark_split(self.value_param_tokens, dim=0)
 
     def partial_output(self, x: Tensor) -> Tensor:
         """This rank's share Θ(A_r)·V_r of the output for input x, which every rank must hold in full."""
-        return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm_type, self.tau,
-                                self.norm_token_count, reduce_sum=all_reduce_sum, reduce_max=all_reduce_max)
+        return self.run_split([self], x).squeeze(0)
+
+    def run_split(self, layers: Sequence["ParallelPattention"], x: Tensor) -> Tensor:
+        """This rank's shares of `layers` (this one's settings) on the same input x: [len(layers), ..., d_out]."""
+        return self.run(layers, x, reduce_sum=all_reduce_sum, reduce_max=all_reduce_max)
 
     def forward(self, x: Tensor) -> Tensor:
         """Replicated x [..., d_in] -> replicated output [..., d_out]."""

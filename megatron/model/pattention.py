@@ -20,8 +20,9 @@ it without copying it:
 `pattention` composes them, with hooks where the statistics are combined across ranks: it is the
 reference, differentiated by autograd. `fused_pattention` (below) computes the same values in one autograd
 node that keeps one score-sized tensor for backward (a third of the activation memory) and makes few
-passes over the scores; layers use it, and `fused_pattentions` runs several Pattentions of one input
-(attention's Q, K, V) in one such node. Statistics and Θ are computed in at least fp32 (bf16/fp16 scores
+passes over the scores, and `fused_pattentions` runs several Pattentions of one input (attention's Q, K,
+V) in one such node. flash_pattention.py tiles the same math and keeps no score-sized tensor; the layer
+(pattention_layer.py) runs the implementation the config picks. Statistics and Θ are computed in at least fp32 (bf16/fp16 scores
 are upcast); the tensor saved for backward keeps the input dtype.
 """
 
@@ -29,10 +30,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from megatron.model.args import NORM_ACTIVATIONS
-from megatron.model.init_methods import InitRole
 
 # Floor on the squared L2 norm of a score row: an all-zero row (e.g. a zero input) then gives zero
 # weights instead of 0/0 = NaN. Real rows have squared norms many orders of magnitude above it.
@@ -125,6 +125,39 @@ def pattention(
     row_sum = combine_row_sum(local_row_sum(scores, norm_type, row_max))
     weights = normalize_scores(scores, norm_type, row_sum, row_max, norm_token_count)
     return torch.matmul(weights.to(scores.dtype), value_tokens)
+
+
+class _Combined(torch.autograd.Function):
+    """reduce(statistic) whose gradient is reduce(gradient): a row statistic summed over the ranks that hold
+    the other token blocks and used by all of them, as autograd must see it for the plain formula."""
+
+    @staticmethod
+    def forward(ctx, statistic, reduce):
+        ctx.reduce = reduce
+        return reduce(statistic)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.reduce(grad.contiguous()), None
+
+
+def plain_pattentions(
+    x: Tensor,
+    key_tokens: Sequence[Tensor],
+    value_tokens: Sequence[Tensor],
+    norm_type: str,
+    tau: float,
+    norm_token_counts: Sequence[int | Tensor],
+    reduce_sum: Callable[[Tensor], Tensor] = _unchanged,
+    reduce_max: Callable[[Tensor], Tensor] = _unchanged,
+) -> Tensor:
+    """Several Pattentions of x by the reference formula ([B, ..., d_out]), with `fused_pattentions`'
+    plain (non-autograd) reductions."""
+    def combine_sum(statistic: Tensor) -> Tensor:
+        return statistic if reduce_sum is _unchanged else _Combined.apply(statistic, reduce_sum)
+
+    return torch.stack([pattention(x, k, v, norm_type, tau, n, reduce_max, combine_sum)
+                        for k, v, n in zip(key_tokens, value_tokens, norm_token_counts)])
 
 
 # --- The fused autograd node, used by the layers ---------------------------------------------------------
@@ -301,45 +334,3 @@ def fused_pattention(
     """
     return fused_pattentions(x, [key_tokens], [value_tokens], norm_type, tau, [norm_token_count],
                              reduce_sum, reduce_max).squeeze(0)
-
-
-class Pattention(nn.Module):
-    """A Pattention layer d_in -> d_out with `num_tokens` key/value parameter tokens.
-
-    Parameters `key_param_tokens` [n, d_in] and `value_param_tokens` [n, d_out] keep the official names;
-    they are left uninitialised here (see `initialize_parameters`). `norm_token_count` (int64, saved in
-    the state_dict) is the n of √n / ·n: `num_tokens` unless given (a tensor-parallel block holds fewer
-    tokens than the layer it normalises as).
-    """
-
-    def __init__(
-        self,
-        input_dim: int,
-        output_dim: int,
-        num_tokens: int,
-        norm_type: str,
-        tau: float = 1.0,
-        device: str | torch.device | None = None,
-        norm_token_count: int | None = None,
-    ) -> None:
-        super().__init__()
-        _check_norm_type(norm_type)
-        self.norm_type = norm_type
-        self.tau = tau
-        self.key_param_tokens = nn.Parameter(torch.empty(num_tokens, input_dim, device=device))
-        self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, output_dim, device=device))
-        self.register_buffer("norm_token_count",
-                             torch.tensor(num_tokens if norm_token_count is None else norm_token_count,
-                                          dtype=torch.int64, device=device))
-
-    def init_roles(self) -> dict[str, InitRole]:
-        """Official init: keys use `init_method`, values use `output_layer_init_method`."""
-        return {"key_param_tokens": InitRole.INPUT, "value_param_tokens": InitRole.OUTPUT}
-
-    def forward(self, x: Tensor) -> Tensor:
-        return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm_type, self.tau,
-                                self.norm_token_count)
-
-    def extra_repr(self) -> str:
-        n, d_in = self.key_param_tokens.shape
-        return f"{d_in} -> {self.value_param_tokens.shape[1]}, tokens={n}, norm={self.norm_type}, tau={self.tau}"

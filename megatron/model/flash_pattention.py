@@ -1,0 +1,239 @@
+"""Flash Pattention: Θ(τ·X·K_Pᵀ)·V_P without ever holding the [tokens × n] score matrix.
+
+As FlashAttention does for softmax attention, the parameter tokens are visited in tiles of KEY_TILE (and
+the input rows in blocks), each tile's scores are made, used and dropped, and backward recomputes them
+from the saved input. What one Pattention keeps for backward is its input, O(tokens) row statistics and
+one [tokens, d_out] tensor, whatever n is. Per Θ (notation of pattention.py's fused node, N the layer's
+token count, s the row statistic over all N tokens):
+
+    l2_norm_gelu   s = ‖τ·x·K_Pᵀ‖² = τ²·x·(K_PᵀK_P)·xᵀ: a d × d Gram matrix and one [tokens, d] GEMM, no
+                   scores; then one pass: Y = Σ_j GeLU(r·A_j)·V_j, r = √N/√s, and U = Σ_j P_j·V_j with
+                   P = GeLU'(r·A)·(r·A), kept for backward: its row reduction c = r·(dY·U) needs no scores.
+    gelu_l2_norm   one pass: Y' = Σ_j GeLU(A_j)·V_j and s = Σ_j ΣGeLU(A_j)²; Y = r·Y'.
+    softmax        one pass, online: running max m, Σexp(A − m), accumulator rescaled when m grows;
+                   Y = N/s·Y'.  For both, c = dY·Y: the output is kept.
+
+Backward is one pass over the tiles: recompute A_j, dW_j = dY·V_jᵀ, and Θ's closed-form gradient
+(flash_tiles.py), then dV_j, dK_j and dX. Under tensor parallelism each rank tiles its own block of
+tokens; the statistics go through `reduce_sum` / `reduce_max` as in the fused node: s (and the row max)
+in forward, c in backward. The Gram matrix is summed over this rank's tokens only, like s.
+
+The elementwise work on each tile runs in flash_tiles.py (PyTorch) or flash_triton.py (Triton kernels, on
+CUDA by default; anywhere under Triton's interpreter when asked). KEY_TILE is fixed, not derived from n,
+so that growth (zero keys appended after the old tokens) leaves every old tile's computation as it was.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from megatron.model.args import FLASH_BACKENDS
+from megatron.model.pattention import ZERO_ROW_GUARD, Reduce, _at_least_fp32, _check_norm_type, _unchanged
+
+KEY_TILE = 512
+# Elements of one [rows, KEY_TILE] tile buffer: small enough that the few alive at once stay far below a
+# [tokens, n] score matrix, large enough for efficient GEMMs (a GPU wants larger ones than a CPU).
+TILE_ELEMENTS = {"cpu": 2**16, "default": 2**22}
+
+
+def tile_functions(backend: str, device: torch.device) -> ModuleType:
+    """The module of the six tile functions: Triton on CUDA ('auto') or when asked, PyTorch otherwise."""
+    if backend not in FLASH_BACKENDS:
+        raise ValueError(f"flash_backend={backend!r}: must be one of {FLASH_BACKENDS}")
+    if backend == "triton" or (backend == "auto" and device.type == "cuda"):
+        try:
+            return importlib.import_module("megatron.model.flash_triton")
+        except ImportError as error:
+            raise RuntimeError(f"flash_backend={backend!r} runs Triton kernels, and importing them failed ({error}): "
+                               "install triton (pip install triton), or set flash_backend: pytorch") from error
+    return importlib.import_module("megatron.model.flash_tiles")
+
+
+def _row_blocks(tokens: int, device: torch.device) -> list[slice]:
+    rows = max(1, TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["default"]) // KEY_TILE)
+    return [slice(start, min(start + rows, tokens)) for start in range(0, tokens, rows)]
+
+
+def _key_tiles(count: int) -> list[slice]:
+    return [slice(start, min(start + KEY_TILE, count)) for start in range(0, count, KEY_TILE)]
+
+
+def _accumulate(target: Tensor, a: Tensor, b: Tensor) -> None:
+    """target += a·b, target in at least fp32 (a and b may be bf16/fp16)."""
+    if target.dtype == a.dtype:
+        target.addmm_(a, b)
+    else:
+        target.add_(torch.mm(a, b))
+
+
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Σ a·b along the last dim in at least fp32, [rows, 1], a block of rows at a time (no [tokens, d] temporary)."""
+    out = torch.empty(len(a), 1, dtype=torch.promote_types(a.dtype, torch.float32), device=a.device)
+    for r in _row_blocks(len(a), a.device):
+        out[r, 0] = torch.linalg.vecdot(_at_least_fp32(a[r]), _at_least_fp32(b[r]))
+    return out
+
+
+def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, norm_type: str, tiles: ModuleType,
+                 keep_slope: bool, reduce_sum: Reduce, reduce_max: Reduce, out: Tensor) -> dict[str, Tensor]:
+    """One Pattention of x (τ applied) accumulated into `out` (zeros, at least fp32): what backward needs,
+    by the passes above."""
+    acc_dtype = out.dtype
+    rows, keys = _row_blocks(len(x), x.device), _key_tiles(len(key))
+    saved: dict[str, Tensor] = {}
+    if norm_type == "l2_norm_gelu":
+        gram = torch.mm(_at_least_fp32(key).t(), _at_least_fp32(key))
+        statistic = torch.empty(len(x), 1, dtype=acc_dtype, device=x.device)
+        for r in rows:
+            statistic[r] = _row_dot(torch.mm(_at_least_fp32(x[r]), gram), x[r])
+        statistic = reduce_sum(statistic)
+        del gram
+        row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
+        slope_sum = torch.zeros_like(out) if keep_slope else None
+        for r in rows:
+            for j in keys:
+                weights, slope = tiles.l2_norm_gelu_forward(torch.mm(x[r], key[j].t()), row[r], keep_slope)
+                _accumulate(out[r], weights, value[j])
+                if slope_sum is not None:
+                    _accumulate(slope_sum[r], slope, value[j])
+                del weights, slope  # before the next tile's buffers exist
+        saved = {"statistic": statistic, "row": row}
+        if slope_sum is not None:
+            saved["slope_sum"] = slope_sum
+        return saved
+    statistic = torch.zeros(len(x), 1, dtype=acc_dtype, device=x.device)
+    if norm_type == "gelu_l2_norm":
+        for r in rows:
+            for j in keys:
+                weights, sum_sq = tiles.gelu_l2_norm_forward(torch.mm(x[r], key[j].t()))
+                _accumulate(out[r], weights, value[j])
+                statistic[r] += sum_sq
+                del weights
+        statistic = reduce_sum(statistic)
+        row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
+        out.mul_(row)
+        return {"statistic": statistic, "row": row}
+    row_max = torch.full((len(x), 1), -torch.inf, dtype=acc_dtype, device=x.device)
+    for r in rows:
+        for j in keys:
+            previous = row_max[r].clone()
+            e, e_sum, row_max[r] = tiles.softmax_forward(torch.mm(x[r], key[j].t()), previous)
+            rescale = torch.exp(previous - row_max[r])
+            out[r].mul_(rescale)
+            statistic[r].mul_(rescale).add_(e_sum)
+            _accumulate(out[r], e, value[j])
+            del e
+    shared_max = reduce_max(row_max)
+    rescale = torch.exp(row_max - shared_max)
+    statistic = reduce_sum(statistic.mul_(rescale))
+    row = n / statistic
+    out.mul_(rescale * row)
+    return {"statistic": statistic, "row": row, "row_max": shared_max}
+
+
+def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Tensor, norm_type: str,
+                  tiles: ModuleType, saved: dict[str, Tensor], grad_x: Tensor, reduce_sum: Reduce
+                  ) -> tuple[Tensor, Tensor]:
+    """(dK, dV) of one Pattention; dX (τ not applied) added into grad_x (at least fp32)."""
+    statistic, row = saved["statistic"], saved["row"]
+    live = (statistic > ZERO_ROW_GUARD).to(statistic.dtype)
+    if norm_type == "l2_norm_gelu":
+        coef = reduce_sum(_row_dot(grad_out, saved["slope_sum"]).mul_(row)).mul_(live).div_(n)
+    else:
+        c = reduce_sum(_row_dot(grad_out, saved["out"]))
+        coef = (c.mul_(live).div_(statistic.clamp(min=ZERO_ROW_GUARD)) if norm_type == "gelu_l2_norm"
+                else c.mul_(row).div_(n))
+    grad_dtype = torch.promote_types(x.dtype, torch.float32)
+    grad_key = torch.zeros(key.shape, dtype=grad_dtype, device=x.device)
+    grad_value = torch.zeros(value.shape, dtype=grad_dtype, device=x.device)
+    for r in _row_blocks(len(x), x.device):
+        for j in _key_tiles(len(key)):
+            a = torch.mm(x[r], key[j].t())
+            grad_w = torch.mm(grad_out[r], value[j].t())
+            if norm_type == "l2_norm_gelu":
+                weights, grad_a = tiles.l2_norm_gelu_backward(a, grad_w, row[r], coef[r])
+            elif norm_type == "gelu_l2_norm":
+                weights, grad_a = tiles.gelu_l2_norm_backward(a, grad_w, row[r], coef[r])
+            else:
+                weights, grad_a = tiles.softmax_backward(a, grad_w, saved["row_max"][r], row[r], coef[r])
+            del a, grad_w
+            _accumulate(grad_value[j], weights.t(), grad_out[r])
+            _accumulate(grad_key[j], grad_a.t(), x[r])
+            _accumulate(grad_x[r], grad_a, key[j])
+            del weights, grad_a
+    return grad_key.to(key.dtype), grad_value.to(value.dtype)
+
+
+class _FlashPattention(torch.autograd.Function):
+    """x [tokens, d_in], B keys [n, d_in], B values [n, d_out], token counts n [B] -> Y [B, tokens, d_out];
+    the contract of pattention.py's _FusedPattention, by the tiled passes above."""
+
+    @staticmethod
+    def forward(ctx, x, norm_type, tau, n, reduce_sum, reduce_max, backend, keep, *tokens):
+        keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
+        tiles = tile_functions(backend, x.device)
+        if tau != 1.0:
+            x = x * tau
+        n = n.to(torch.promote_types(x.dtype, torch.float32))
+        out = x.new_empty(len(keys), len(x), values[0].shape[1])
+        kept = []
+        acc_dtype = torch.promote_types(x.dtype, torch.float32)
+        for b, (key, value) in enumerate(zip(keys, values)):
+            acc = out[b].zero_() if acc_dtype == x.dtype else out.new_zeros(out.shape[1:], dtype=acc_dtype)
+            kept.append(_forward_one(x, key, value, n[b], norm_type, tiles, keep and norm_type == "l2_norm_gelu",
+                                     reduce_sum, reduce_max, acc))
+            if acc_dtype != x.dtype:
+                out[b].copy_(acc)
+        names = [sorted(k) for k in kept]
+        ctx.save_for_backward(x, n, out if norm_type != "l2_norm_gelu" else None, *tokens,
+                              *(k[name] for k, kn in zip(kept, names) for name in kn))
+        ctx.names, ctx.norm_type, ctx.tau, ctx.reduce_sum, ctx.tiles = names, norm_type, tau, reduce_sum, tiles
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, n, out, *rest = ctx.saved_tensors
+        count = len(ctx.names)
+        keys, values, statistics = rest[:count], rest[count:2 * count], iter(rest[2 * count:])
+        grad_out = grad_out.contiguous()
+        grad_x = torch.zeros_like(x, dtype=torch.promote_types(x.dtype, torch.float32))
+        grad_keys, grad_values = [], []
+        for b, (key, value) in enumerate(zip(keys, values)):
+            saved = {name: next(statistics) for name in ctx.names[b]}
+            if out is not None:
+                saved["out"] = out[b]
+            grad_key, grad_value = _backward_one(x, key, value, n[b], grad_out[b], ctx.norm_type, ctx.tiles, saved,
+                                                 grad_x, ctx.reduce_sum)
+            grad_keys.append(grad_key)
+            grad_values.append(grad_value)
+        if ctx.tau != 1.0:
+            grad_x.mul_(ctx.tau)
+        return grad_x.to(x.dtype), None, None, None, None, None, None, None, *grad_keys, *grad_values
+
+
+def flash_pattentions(
+    x: Tensor,
+    key_tokens: Sequence[Tensor],
+    value_tokens: Sequence[Tensor],
+    norm_type: str,
+    tau: float,
+    norm_token_counts: Sequence[int | Tensor],
+    reduce_sum: Reduce = _unchanged,
+    reduce_max: Reduce = _unchanged,
+    backend: str = "auto",
+) -> Tensor:
+    """`fused_pattentions`' contract ([B, ..., d_out]), computed tile by tile; `backend` picks the tile
+    functions (FLASH_BACKENDS)."""
+    _check_norm_type(norm_type)
+    counts = torch.stack([torch.as_tensor(n, device=x.device) for n in norm_token_counts])
+    # Whether backward can run (decided here: inside forward, autograd is always off): without it, l2_norm_gelu
+    # skips the slope accumulator U and its GEMM (inference, evaluation).
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *key_tokens, *value_tokens))
+    out = _FlashPattention.apply(x.reshape(-1, x.shape[-1]), norm_type, float(tau), counts, reduce_sum, reduce_max,
+                                 backend, keep, *key_tokens, *value_tokens)
+    return out.view(len(key_tokens), *x.shape[:-1], value_tokens[0].shape[-1])

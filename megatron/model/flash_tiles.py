@@ -1,0 +1,69 @@
+"""Θ on one tile of scores, forward and backward: the elementwise work of the flash Pattention (PyTorch).
+
+A tile is a = τ·X_R·K_jᵀ for a block R of input rows and a block j of parameter tokens, in the input dtype;
+row statistics ([R, 1]) and all arithmetic are fp32; the tensors handed on to the next GEMM are in a's dtype.
+The forward functions may overwrite a (the caller's scratch tile, not used afterwards).
+flash_pattention.py runs the GEMMs around these functions; flash_triton.py implements the same six
+functions as Triton kernels (one pass over the tile each) with the same arguments and results.
+
+With r = √N/√s (s: the row statistic over all N tokens), m the row max, q = N/s and c the backward's row
+reduction (see flash_pattention.py), `coef` being c·live/N, c·live/s or c·q/N respectively:
+    l2_norm_gelu   forward  W = GeLU(r·a)            slope P = GeLU'(r·a)·(r·a)
+                   backward dA = GeLU'(r·a)·r·dW − coef·(r·a)         (and W again, for dV)
+    gelu_l2_norm   forward  G = GeLU(a), Σ G²
+                   backward dA = GeLU'(a)·(r·dW − coef·G)             (and r·G, for dV)
+    softmax        forward  E = exp(a − m'), Σ E, m' = max(m, rowmax a)
+                   backward dA = E·(q·dW − coef), E = exp(a − m)      (and q·E, for dV)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _fp32(a: Tensor) -> Tensor:
+    return a.to(torch.promote_types(a.dtype, torch.float32))
+
+
+def _gelu_slope(grad: Tensor, at: Tensor) -> Tensor:
+    """GeLU'(at) ⊙ grad."""
+    return torch.ops.aten.gelu_backward(grad, at)
+
+
+def l2_norm_gelu_forward(a: Tensor, row: Tensor, with_slope: bool) -> tuple[Tensor, Tensor | None]:
+    z = _fp32(a).mul_(row)  # a is the caller's scratch tile: overwritten
+    slope = _gelu_slope(z, z).to(a.dtype) if with_slope else None
+    return F.gelu(z).to(a.dtype), slope
+
+
+def gelu_l2_norm_forward(a: Tensor) -> tuple[Tensor, Tensor]:
+    g = F.gelu(_fp32(a))
+    return g.to(a.dtype), torch.linalg.vector_norm(g, dim=-1, keepdim=True).square_()
+
+
+def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    a32 = _fp32(a)
+    new_max = torch.maximum(running_max, a32.amax(dim=-1, keepdim=True))
+    e = torch.exp(a32 - new_max)
+    return e.to(a.dtype), e.sum(dim=-1, keepdim=True), new_max
+
+
+def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
+    z = _fp32(a) * row
+    grad_a = _gelu_slope(_fp32(grad_w) * row, z).sub_(z * coef)
+    return F.gelu(z).to(a.dtype), grad_a.to(a.dtype)
+
+
+def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
+    a32 = _fp32(a)
+    g = F.gelu(a32)
+    grad_a = _gelu_slope(_fp32(grad_w) * row - coef * g, a32)
+    return (g * row).to(a.dtype), grad_a.to(a.dtype)
+
+
+def softmax_backward(a: Tensor, grad_w: Tensor, row_max: Tensor, q: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
+    e = torch.exp(_fp32(a) - row_max)
+    grad_a = (_fp32(grad_w) * q - coef) * e
+    return (e * q).to(a.dtype), grad_a.to(a.dtype)
