@@ -20,10 +20,11 @@ it without copying it:
 `pattention` composes them, with hooks where the statistics are combined across ranks: it is the
 reference, differentiated by autograd. `fused_pattention` (below) computes the same values in one autograd
 node that keeps one score-sized tensor for backward (a third of the activation memory) and makes few
-passes over the scores, and `fused_pattentions` runs several Pattentions of one input (attention's Q, K,
-V) in one such node. flash_pattention.py tiles the same math and keeps no score-sized tensor; the layer
-(pattention_layer.py) runs the implementation the config picks. Statistics and Θ are computed in at least fp32 (bf16/fp16 scores
-are upcast); the tensor saved for backward keeps the input dtype.
+passes over the scores, and `fused_pattentions` runs several Pattentions of one input (attention's
+Q, K, V) in one such node. flash_pattention.py tiles the same math and keeps no score-sized tensor;
+the layer (pattention_layer.py) runs the implementation the config picks. Statistics and Θ are
+computed in at least fp32 (bf16/fp16 scores are upcast); the tensor saved for backward keeps the input
+dtype.
 """
 
 from collections.abc import Callable, Sequence
