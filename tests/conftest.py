@@ -34,14 +34,16 @@ def demo_data(tmp_path_factory) -> Path:
     return out
 
 
-def run_deepy(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_deepy(*args: str, check: bool = True, timeout: float = 600,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python deepy.py ...` from the repository root, as a user runs it, on a free master_port unless one is
-    given (deepy.py refuses a busy one, and another run on the machine may hold the default)."""
+    given (deepy.py refuses a busy one, and another run on the machine may hold the default); `env` replaces
+    this process's environment."""
     from tests.distributed import free_port
 
     if not any(arg.startswith("master_port=") for arg in args):
         args = (*args, f"master_port={free_port()}")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     result = subprocess.run(
         [sys.executable, "deepy.py", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
     )

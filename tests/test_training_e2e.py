@@ -6,6 +6,7 @@ checkpoints, exact resume, eval_only), because each launch costs ~25 s here.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -125,3 +126,16 @@ def test_fused_pattention_reproduces_the_default_flash_losses(baseline_run, demo
     assert sorted(fused) == list(range(1, 21))
     differences = [(i, fused[i], flash[i]) for i in fused if abs(fused[i] - flash[i]) > 1e-4 * abs(flash[i])]
     assert not differences, differences
+
+
+def test_triton_kernels_train_on_a_cpu_under_the_interpreter(baseline_run, demo_data, tmp_path):
+    """flash_backend=triton on a CPU: the ranks switch Triton's interpreter on before anything imports triton,
+    and the kernels' 3 iterations equal the PyTorch tile functions' (the baseline) within 1e-4."""
+    run_dir, _ = baseline_run
+    env_free = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    run_deepy("train.py", TINY, *data_overrides(demo_data), "flash_backend=triton", "train_iters=3",
+              f"log_dir={tmp_path}/logs", env=env_free)
+    pytorch_tiles = train_losses(run_dir / "logs")
+    triton = train_losses(tmp_path / "logs")
+    assert sorted(triton) == [1, 2, 3]
+    assert all(abs(triton[i] - pytorch_tiles[i]) <= 1e-4 * abs(pytorch_tiles[i]) for i in triton), triton
