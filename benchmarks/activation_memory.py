@@ -1,9 +1,11 @@
-"""Activation memory of one forward + backward, for the fused Pattention's test and benchmark.
+"""Activation memory of one forward + backward, for the Pattention tests, benchmarks and the memory model.
 
-Two figures, both counted from the tensors themselves (independent of the device's allocator):
+Three figures, all counted from the tensors themselves (independent of the device's allocator):
     saved_activation_bytes  what autograd keeps from forward until backward (tensors saved for backward,
                             except `exclude`d ones such as parameters and inputs): the memory that grows
                             with the number of layers;
+    saved_storage_bytes     the same from a forward alone, counted by storage (benchmarks/memory_model.py
+                            checks its formula against it for a whole model);
     peak_activation_bytes   the most bytes held at once by the storages that operators created during
                             forward + backward, transient buffers included, weight gradients not.
 """
@@ -32,6 +34,30 @@ def saved_activation_bytes(forward: Callable[[], Tensor], exclude: Iterable[Tens
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         forward().sum().backward()
     return total
+
+
+def saved_storage_bytes(forward: Callable[[], object], exclude: Iterable[Tensor] = ()) -> int:
+    """Bytes of the distinct storages autograd saves for backward while `forward()` runs (no backward runs).
+
+    Counted by storage, not by tensor: a saved view keeps its whole storage alive (attention's V is a view
+    of the Q, K, V output), and views of one storage count once. The saved tensors are held until the end,
+    so no freed storage's address can be reused by a later one and miscounted as the same. The graph keeps
+    detached aliases: a node's own output saved as itself would reference the node back, a cycle through
+    C++ that Python's collector cannot free when no backward releases it (a model's memory per call).
+    """
+    seen = {t.untyped_storage().data_ptr() for t in exclude}
+    held: list[Tensor] = []
+
+    def pack(t: Tensor) -> Tensor:
+        alias = t.detach()
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            held.append(alias)
+        return alias
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward()
+    return sum(t.untyped_storage().nbytes() for t in held)
 
 
 class _NewStorages(TorchDispatchMode):

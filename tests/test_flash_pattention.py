@@ -116,11 +116,12 @@ def test_zero_input_row_gives_no_nan(monkeypatch):
 
 
 @pytest.mark.parametrize("norm_type", ["l2_norm_gelu", "gelu_l2_norm"])
-@pytest.mark.parametrize("tokens, grown", [(32, 64), (64, 128), (96, 192), (512, 1024), (600, 1200)])
+@pytest.mark.parametrize("tokens, grown", [(32, 64), (64, 128), (96, 192), (512, 1024)])
 def test_zero_key_tokens_leave_the_old_tokens_outputs_and_gradients_bit_identical(norm_type, tokens, grown):
-    """As the fused node's test (tests/test_fused_pattention.py), at the real tile size: within one tile, a whole
-    number of tiles, and a ragged last tile. (Where the BLAS blocks a zero-padded reduction differently, the
-    last bits may move, for the plain formula too: test_grow_checkpoint allows that rounding.)"""
+    """As the fused node's test (tests/test_fused_pattention.py), at the real tile size: within one tile and
+    over whole tiles (the new tiles add exact zeros). Where a row reduction runs over a tile that growth
+    lengthens with zeros (a ragged last tile, or the fused node's whole row), the library may sum it in
+    another order and the last bits may move, for the plain formula too: test_grow_checkpoint allows that."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 64, 64, generator=g)
     keys = [torch.randn(tokens, 64, generator=g) * 0.1 for _ in range(3)]

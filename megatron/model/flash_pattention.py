@@ -2,21 +2,23 @@
 
 As FlashAttention does for softmax attention, the parameter tokens are visited in tiles of KEY_TILE (and
 the input rows in blocks), each tile's scores are made, used and dropped, and backward recomputes them
-from the saved input. What one Pattention keeps for backward is its input, O(tokens) row statistics and
-one [tokens, d_out] tensor, whatever n is. Per Θ (notation of pattention.py's fused node, N the layer's
-token count, s the row statistic over all N tokens):
+from the saved input. What one Pattention keeps for backward is its input and O(tokens) row statistics
+(gelu_l2_norm and softmax: also their output), whatever n is. Per Θ (notation of pattention.py's fused
+node: N the layer's token count, s the row statistic over all N tokens, r = √N/√s, c a row reduction):
 
-    l2_norm_gelu   s = ‖τ·x·K_Pᵀ‖² = τ²·x·(K_PᵀK_P)·xᵀ: a d × d Gram matrix and one [tokens, d] GEMM, no
-                   scores; then one pass: Y = Σ_j GeLU(r·A_j)·V_j, r = √N/√s, and U = Σ_j P_j·V_j with
-                   P = GeLU'(r·A)·(r·A), kept for backward: its row reduction c = r·(dY·U) needs no scores.
+    l2_norm_gelu   s = ‖τ·x·K_Pᵀ‖² = τ²·x·(K_PᵀK_P)·xᵀ: a d × d Gram matrix, no scores; then one pass,
+                   Y = Σ_j GeLU(r·A_j)·V_j. Backward, one pass: D_j = GeLU'(Z_j)·r·dW_j gives dV_j, and dK_j,
+                   dX from D as if it were dA, and c = Σ D·Z; then dA = D − (c/N)·Z, whose second term is
+                   linear in A = X·K_Pᵀ, is applied once: dK −= K_P·Xᵀ·diag(c·r/N)·X, dX −= diag(c·r/N)·X·K_PᵀK_P.
     gelu_l2_norm   one pass: Y' = Σ_j GeLU(A_j)·V_j and s = Σ_j ΣGeLU(A_j)²; Y = r·Y'.
     softmax        one pass, online: running max m, Σexp(A − m), accumulator rescaled when m grows;
-                   Y = N/s·Y'.  For both, c = dY·Y: the output is kept.
+                   Y = N/s·Y'.  For both, backward's c = dY·Y: the output is kept.
 
-Backward is one pass over the tiles: recompute A_j, dW_j = dY·V_jᵀ, and Θ's closed-form gradient
-(flash_tiles.py), then dV_j, dK_j and dX. Under tensor parallelism each rank tiles its own block of
-tokens; the statistics go through `reduce_sum` / `reduce_max` as in the fused node: s (and the row max)
-in forward, c in backward. The Gram matrix is summed over this rank's tokens only, like s.
+Backward is one pass over the tiles: recompute A_j, dW_j = dY·V_jᵀ, Θ's closed-form gradient
+(flash_tiles.py), then dV_j, dK_j and dX: five GEMMs a tile, one more than the fused node's four.
+Under tensor parallelism each rank tiles its own block of tokens; the statistics go through
+`reduce_sum` / `reduce_max` as in the fused node: s (and the row max) in forward, c in backward. The
+Gram matrix is summed over this rank's tokens only, like s.
 
 The elementwise work on each tile runs in flash_tiles.py (PyTorch) or flash_triton.py (Triton kernels, on
 CUDA by default; anywhere under Triton's interpreter when asked). KEY_TILE is fixed, not derived from n,
@@ -79,33 +81,36 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
+def _gram(key: Tensor) -> Tensor:
+    """K_Pᵀ·K_P [d_in, d_in] in at least fp32: ‖x·K_Pᵀ‖² = x·(K_PᵀK_P)·xᵀ without the scores. Summed tile by
+    tile, so that appended zero keys (growth) add exact zeros to the old tiles' sum."""
+    key = _at_least_fp32(key)
+    gram = key.new_zeros(key.shape[1], key.shape[1])
+    for j in _key_tiles(len(key)):
+        gram.addmm_(key[j].t(), key[j])
+    return gram
+
+
 def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, norm_type: str, tiles: ModuleType,
-                 keep_slope: bool, reduce_sum: Reduce, reduce_max: Reduce, out: Tensor) -> dict[str, Tensor]:
+                 reduce_sum: Reduce, reduce_max: Reduce, out: Tensor) -> dict[str, Tensor]:
     """One Pattention of x (τ applied) accumulated into `out` (zeros, at least fp32): what backward needs,
     by the passes above."""
     acc_dtype = out.dtype
     rows, keys = _row_blocks(len(x), x.device), _key_tiles(len(key))
-    saved: dict[str, Tensor] = {}
     if norm_type == "l2_norm_gelu":
-        gram = torch.mm(_at_least_fp32(key).t(), _at_least_fp32(key))
+        gram = _gram(key)
         statistic = torch.empty(len(x), 1, dtype=acc_dtype, device=x.device)
         for r in rows:
             statistic[r] = _row_dot(torch.mm(_at_least_fp32(x[r]), gram), x[r])
         statistic = reduce_sum(statistic)
         del gram
         row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
-        slope_sum = torch.zeros_like(out) if keep_slope else None
         for r in rows:
             for j in keys:
-                weights, slope = tiles.l2_norm_gelu_forward(torch.mm(x[r], key[j].t()), row[r], keep_slope)
+                weights = tiles.l2_norm_gelu_forward(torch.mm(x[r], key[j].t()), row[r])
                 _accumulate(out[r], weights, value[j])
-                if slope_sum is not None:
-                    _accumulate(slope_sum[r], slope, value[j])
-                del weights, slope  # before the next tile's buffers exist
-        saved = {"statistic": statistic, "row": row}
-        if slope_sum is not None:
-            saved["slope_sum"] = slope_sum
-        return saved
+                del weights  # before the next tile's buffers exist
+        return {"statistic": statistic, "row": row}
     statistic = torch.zeros(len(x), 1, dtype=acc_dtype, device=x.device)
     if norm_type == "gelu_l2_norm":
         for r in rows:
@@ -142,21 +147,23 @@ def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Te
     """(dK, dV) of one Pattention; dX (τ not applied) added into grad_x (at least fp32)."""
     statistic, row = saved["statistic"], saved["row"]
     live = (statistic > ZERO_ROW_GUARD).to(statistic.dtype)
-    if norm_type == "l2_norm_gelu":
-        coef = reduce_sum(_row_dot(grad_out, saved["slope_sum"]).mul_(row)).mul_(live).div_(n)
+    acc_dtype = torch.promote_types(x.dtype, torch.float32)
+    if norm_type == "gelu_l2_norm":
+        coef = reduce_sum(_row_dot(grad_out, saved["out"])).mul_(live).div_(statistic.clamp(min=ZERO_ROW_GUARD))
+    elif norm_type == "softmax":
+        coef = reduce_sum(_row_dot(grad_out, saved["out"])).mul_(row).div_(n)
     else:
-        c = reduce_sum(_row_dot(grad_out, saved["out"]))
-        coef = (c.mul_(live).div_(statistic.clamp(min=ZERO_ROW_GUARD)) if norm_type == "gelu_l2_norm"
-                else c.mul_(row).div_(n))
-    grad_dtype = torch.promote_types(x.dtype, torch.float32)
-    grad_key = torch.zeros(key.shape, dtype=grad_dtype, device=x.device)
-    grad_value = torch.zeros(value.shape, dtype=grad_dtype, device=x.device)
-    for r in _row_blocks(len(x), x.device):
+        dot = torch.zeros(len(x), 1, dtype=acc_dtype, device=x.device)
+    grad_key = torch.zeros(key.shape, dtype=acc_dtype, device=x.device)
+    grad_value = torch.zeros(value.shape, dtype=acc_dtype, device=x.device)
+    rows = _row_blocks(len(x), x.device)
+    for r in rows:
         for j in _key_tiles(len(key)):
             a = torch.mm(x[r], key[j].t())
             grad_w = torch.mm(grad_out[r], value[j].t())
             if norm_type == "l2_norm_gelu":
-                weights, grad_a = tiles.l2_norm_gelu_backward(a, grad_w, row[r], coef[r])
+                weights, grad_a, dot_tile = tiles.l2_norm_gelu_backward(a, grad_w, row[r])
+                dot[r] += dot_tile
             elif norm_type == "gelu_l2_norm":
                 weights, grad_a = tiles.gelu_l2_norm_backward(a, grad_w, row[r], coef[r])
             else:
@@ -166,6 +173,18 @@ def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Te
             _accumulate(grad_key[j], grad_a.t(), x[r])
             _accumulate(grad_x[r], grad_a, key[j])
             del weights, grad_a
+    if norm_type == "l2_norm_gelu":
+        # dA = D − k·r·A with k = c·live/N, c = Σ over all tokens of D·Z: the second term, linear in A = X·K_Pᵀ,
+        # is applied once for all tiles: dK −= K_P·(Xᵀ·diag(k·r)·X), dX −= diag(k·r)·X·(K_PᵀK_P).
+        scale = reduce_sum(dot).mul_(live).div_(n).mul_(row)
+        gram = _gram(key)
+        moment = torch.zeros_like(gram)
+        for r in rows:
+            scaled = _at_least_fp32(x[r]) * scale[r]
+            moment.addmm_(scaled.t(), _at_least_fp32(x[r]))
+            grad_x[r].addmm_(scaled, gram, alpha=-1)
+            del scaled
+        grad_key.addmm_(_at_least_fp32(key), moment, alpha=-1)
     return grad_key.to(key.dtype), grad_value.to(value.dtype)
 
 
@@ -174,7 +193,7 @@ class _FlashPattention(torch.autograd.Function):
     the contract of pattention.py's _FusedPattention, by the tiled passes above."""
 
     @staticmethod
-    def forward(ctx, x, norm_type, tau, n, reduce_sum, reduce_max, backend, keep, *tokens):
+    def forward(ctx, x, norm_type, tau, n, reduce_sum, reduce_max, backend, *tokens):
         keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
         tiles = tile_functions(backend, x.device)
         if tau != 1.0:
@@ -185,8 +204,7 @@ class _FlashPattention(torch.autograd.Function):
         acc_dtype = torch.promote_types(x.dtype, torch.float32)
         for b, (key, value) in enumerate(zip(keys, values)):
             acc = out[b].zero_() if acc_dtype == x.dtype else out.new_zeros(out.shape[1:], dtype=acc_dtype)
-            kept.append(_forward_one(x, key, value, n[b], norm_type, tiles, keep and norm_type == "l2_norm_gelu",
-                                     reduce_sum, reduce_max, acc))
+            kept.append(_forward_one(x, key, value, n[b], norm_type, tiles, reduce_sum, reduce_max, acc))
             if acc_dtype != x.dtype:
                 out[b].copy_(acc)
         names = [sorted(k) for k in kept]
@@ -213,7 +231,7 @@ class _FlashPattention(torch.autograd.Function):
             grad_values.append(grad_value)
         if ctx.tau != 1.0:
             grad_x.mul_(ctx.tau)
-        return grad_x.to(x.dtype), None, None, None, None, None, None, None, *grad_keys, *grad_values
+        return grad_x.to(x.dtype), None, None, None, None, None, None, *grad_keys, *grad_values
 
 
 def flash_pattentions(
@@ -231,9 +249,6 @@ def flash_pattentions(
     functions (FLASH_BACKENDS)."""
     _check_norm_type(norm_type)
     counts = torch.stack([torch.as_tensor(n, device=x.device) for n in norm_token_counts])
-    # Whether backward can run (decided here: inside forward, autograd is always off): without it, l2_norm_gelu
-    # skips the slope accumulator U and its GEMM (inference, evaluation).
-    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *key_tokens, *value_tokens))
     out = _FlashPattention.apply(x.reshape(-1, x.shape[-1]), norm_type, float(tau), counts, reduce_sum, reduce_max,
-                                 backend, keep, *key_tokens, *value_tokens)
+                                 backend, *key_tokens, *value_tokens)
     return out.view(len(key_tokens), *x.shape[:-1], value_tokens[0].shape[-1])

@@ -7,9 +7,10 @@ flash_pattention.py runs the GEMMs around these functions; flash_triton.py imple
 functions as Triton kernels (one pass over the tile each) with the same arguments and results.
 
 With r = √N/√s (s: the row statistic over all N tokens), m the row max, q = N/s and c the backward's row
-reduction (see flash_pattention.py), `coef` being c·live/N, c·live/s or c·q/N respectively:
-    l2_norm_gelu   forward  W = GeLU(r·a)            slope P = GeLU'(r·a)·(r·a)
-                   backward dA = GeLU'(r·a)·r·dW − coef·(r·a)         (and W again, for dV)
+reduction (see flash_pattention.py), `coef` being c·live/s or c·q/N respectively:
+    l2_norm_gelu   forward  W = GeLU(r·a)
+                   backward D = GeLU'(r·a)·r·dW and Σ D·(r·a)         (and W again, for dV; dA = D − k·r·a
+                            needs Σ over all tiles, so its second term is applied after them)
     gelu_l2_norm   forward  G = GeLU(a), Σ G²
                    backward dA = GeLU'(a)·(r·dW − coef·G)             (and r·G, for dV)
     softmax        forward  E = exp(a − m'), Σ E, m' = max(m, rowmax a)
@@ -32,10 +33,8 @@ def _gelu_slope(grad: Tensor, at: Tensor) -> Tensor:
     return torch.ops.aten.gelu_backward(grad, at)
 
 
-def l2_norm_gelu_forward(a: Tensor, row: Tensor, with_slope: bool) -> tuple[Tensor, Tensor | None]:
-    z = _fp32(a).mul_(row)  # a is the caller's scratch tile: overwritten
-    slope = _gelu_slope(z, z).to(a.dtype) if with_slope else None
-    return F.gelu(z).to(a.dtype), slope
+def l2_norm_gelu_forward(a: Tensor, row: Tensor) -> Tensor:
+    return F.gelu(_fp32(a).mul_(row)).to(a.dtype)  # a is the caller's scratch tile: overwritten
 
 
 def gelu_l2_norm_forward(a: Tensor) -> tuple[Tensor, Tensor]:
@@ -50,10 +49,10 @@ def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Ten
     return e.to(a.dtype), e.sum(dim=-1, keepdim=True), new_max
 
 
-def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
+def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     z = _fp32(a) * row
-    grad_a = _gelu_slope(_fp32(grad_w) * row, z).sub_(z * coef)
-    return F.gelu(z).to(a.dtype), grad_a.to(a.dtype)
+    d = _gelu_slope(_fp32(grad_w) * row, z)
+    return F.gelu(z).to(a.dtype), d.to(a.dtype), torch.linalg.vecdot(d, z).unsqueeze(-1)
 
 
 def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:

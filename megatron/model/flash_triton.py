@@ -3,8 +3,9 @@
 flash_tiles.py gives the math and is the reference. Each PyTorch version makes several passes over the tile
 (one per elementwise op, each with an [R, C] temporary); each kernel here reads a (and grad_w) once, computes
 in fp32 registers and writes its results once. Elementwise functions run one program per BLOCK_R × BLOCK_C
-block; the two with a row reduction (gelu_l2_norm_forward's Σ G², softmax_forward's row max and Σ E) run one
-program per ROW_BLOCK_R rows, looping over the columns. softmax_forward alone reads a twice (see its kernel).
+block; the three with a row reduction (gelu_l2_norm_forward's Σ G², softmax_forward's row max and Σ E,
+l2_norm_gelu_backward's Σ D·Z) run one program per ROW_BLOCK_R rows, looping over the columns.
+softmax_forward alone reads a twice (see its kernel).
 """
 
 from __future__ import annotations
@@ -71,29 +72,31 @@ def _block(R, C, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def _l2_norm_gelu_forward_kernel(a_ptr, row_ptr, w_ptr, slope_ptr, R, C, WITH_SLOPE: tl.constexpr,
-                                 BR: tl.constexpr, BC: tl.constexpr):
+def _l2_norm_gelu_forward_kernel(a_ptr, row_ptr, w_ptr, R, C, BR: tl.constexpr, BC: tl.constexpr):
     rows, offsets, mask = _block(R, C, BR, BC)
     row = tl.load(row_ptr + rows, mask=rows < R)[:, None]
     z = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * row
-    cdf = _cdf(z)
-    tl.store(w_ptr + offsets, (z * cdf).to(w_ptr.dtype.element_ty), mask=mask)
-    if WITH_SLOPE:
-        tl.store(slope_ptr + offsets, (_gelu_grad(z, cdf) * z).to(slope_ptr.dtype.element_ty), mask=mask)
+    tl.store(w_ptr + offsets, (z * _cdf(z)).to(w_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _l2_norm_gelu_backward_kernel(a_ptr, grad_ptr, row_ptr, coef_ptr, w_ptr, grad_a_ptr, R, C,
+def _l2_norm_gelu_backward_kernel(a_ptr, grad_ptr, row_ptr, w_ptr, d_ptr, dot_ptr, R, C,
                                   BR: tl.constexpr, BC: tl.constexpr):
-    rows, offsets, mask = _block(R, C, BR, BC)
-    row = tl.load(row_ptr + rows, mask=rows < R)[:, None]
-    coef = tl.load(coef_ptr + rows, mask=rows < R)[:, None]
-    z = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * row
-    grad_w = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    cdf = _cdf(z)
-    tl.store(w_ptr + offsets, (z * cdf).to(w_ptr.dtype.element_ty), mask=mask)
-    grad_a = _gelu_grad(z, cdf) * (grad_w * row) - coef * z
-    tl.store(grad_a_ptr + offsets, grad_a.to(grad_a_ptr.dtype.element_ty), mask=mask)
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row = tl.load(row_ptr + rows, mask=rows < R, other=0.0)[:, None]
+    dot = tl.zeros([BR], dtype=tl.float32)
+    for start in range(0, C, BC):
+        cols = start + tl.arange(0, BC)
+        offsets = rows[:, None] * C + cols[None, :]
+        mask = (rows[:, None] < R) & (cols[None, :] < C)
+        z = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * row
+        grad_w = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        cdf = _cdf(z)
+        tl.store(w_ptr + offsets, (z * cdf).to(w_ptr.dtype.element_ty), mask=mask)
+        d = _gelu_grad(z, cdf) * (grad_w * row)
+        tl.store(d_ptr + offsets, d.to(d_ptr.dtype.element_ty), mask=mask)
+        dot += tl.sum(d * z, axis=1)  # masked entries: z = 0, add nothing
+    tl.store(dot_ptr + rows, dot, mask=rows < R)
 
 
 @triton.jit
@@ -179,12 +182,11 @@ def _stat(a: Tensor) -> Tensor:
     return torch.empty(a.shape[0], 1, dtype=torch.float32, device=a.device)
 
 
-def l2_norm_gelu_forward(a: Tensor, row: Tensor, with_slope: bool) -> tuple[Tensor, Tensor | None]:
+def l2_norm_gelu_forward(a: Tensor, row: Tensor) -> Tensor:
     a, row = a.contiguous(), row.contiguous()
     w = torch.empty_like(a)
-    slope = torch.empty_like(a) if with_slope else None
-    _l2_norm_gelu_forward_kernel[_grid(a)](a, row, w, slope, *a.shape, with_slope, **_TILE)
-    return w, slope
+    _l2_norm_gelu_forward_kernel[_grid(a)](a, row, w, *a.shape, **_TILE)
+    return w
 
 
 def gelu_l2_norm_forward(a: Tensor) -> tuple[Tensor, Tensor]:
@@ -201,11 +203,11 @@ def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Ten
     return e, total, new_max
 
 
-def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
-    a, grad_w, row, coef = a.contiguous(), grad_w.contiguous(), row.contiguous(), coef.contiguous()
-    w, grad_a = torch.empty_like(a), torch.empty_like(a)
-    _l2_norm_gelu_backward_kernel[_grid(a)](a, grad_w, row, coef, w, grad_a, *a.shape, **_TILE)
-    return w, grad_a
+def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    a, grad_w, row = a.contiguous(), grad_w.contiguous(), row.contiguous()
+    w, d, dot = torch.empty_like(a), torch.empty_like(a), _stat(a)
+    _l2_norm_gelu_backward_kernel[_row_grid(a)](a, grad_w, row, w, d, dot, *a.shape, **_ROWS)
+    return w, d, dot
 
 
 def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:

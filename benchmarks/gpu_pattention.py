@@ -1,0 +1,218 @@
+"""Flash Pattention on one CUDA GPU: its Triton forward+backward time over the six GEMMs', and the MFU of
+training steps of the paper configs at reduced depth, flash vs fused.
+
+    .venv/bin/python -m benchmarks.gpu_pattention [--tokens 16384] [--dtype bf16|fp32] [--repeats 10]
+        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--peak-tflops T]
+
+Needs a CUDA device and Triton. Without them it prints one line saying so (stderr) and exits with status 2:
+nothing was measured, which is neither a result (0) nor a failure of the code (1), so a script running it on
+a CPU machine can tell the three apart.
+
+Kernels: benchmarks/pattention.py's shapes (the paper configs' Pattentions; "×3" is attention's Q, K and V in
+one node) at --tokens input tokens (default 8 sequences of 2048), every Θ: flash with its Triton kernels,
+fused, and the six GEMMs a Pattention needs alone (the limit), forward + backward in --dtype; each keeps its
+fastest of --repeats alternating runs (benchmarks/timing.py), every run ended by torch.cuda.synchronize.
+"peak fl/f" is flash's peak memory over fused's during forward + backward (torch.cuda.max_memory_allocated
+above what was allocated before the step; the layer's output and the gradients included).
+
+Training steps: each paper config at --layers layers (full width and vocabulary), sequences of 2048,
+--batch of them per step, bf16 parameters, fused AdamW; a step is forward, the training loss (lm_loss),
+backward and the optimizer step, flash and fused alternating. MFU = tokens/s × training FLOPs per token
+(megatron/model/flops.py, no recomputation) / peak FLOP/s: the fastest bf16 8192² matmul measured here, or
+--peak-tflops (e.g. the data sheet's dense bf16 figure).
+
+Last line: "ratio: flash (Triton) Pattention time / six GEMMs = X (all shapes and Θ; worst Y); training-step
+MFU at <largest config>: flash A, fused B".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.timing import fastest
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DEVICE = "cuda"  # every tensor is placed through this name
+UNAVAILABLE_EXIT = 2
+
+
+def unavailable_reason() -> str | None:
+    """Why this benchmark cannot run here, or None."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA device (torch.cuda.is_available() is False); nothing measured"
+    if importlib.util.find_spec("triton") is None:
+        return "needs Triton (not installed); nothing measured"
+    return None
+
+
+def synchronized(step: Callable[[], object]) -> Callable[[], None]:
+    """`step` followed by waiting for the GPU: a timed run ends when its kernels do."""
+    def run() -> None:
+        step()
+        torch.cuda.synchronize()
+    return run
+
+
+def peak_step_bytes(step: Callable[[], object]) -> int:
+    """Most bytes allocated at once during `step`, above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def matmul_peak_flops(repeats: int, size: int = 8192, count: int = 10) -> float:
+    """FLOP/s of the fastest of `repeats` runs of `count` bf16 [size, size] matmuls."""
+    a, b = (torch.randn(size, size, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    seconds = fastest({"mm": synchronized(lambda: [a @ b for _ in range(count)])}, repeats)["mm"]
+    return count * 2 * size**3 / seconds
+
+
+def on_gpu(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A CUDA copy of t in `dtype`, a leaf requiring gradient when t does."""
+    return t.detach().to(DEVICE, dtype).requires_grad_(t.requires_grad)
+
+
+def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype,
+               repeats: int) -> dict:
+    """One Θ and shape: the three variants' fastest times and flash's peak memory over fused's."""
+    from benchmarks.pattention import forward_backward, fused, gemms_only, tensors
+    from megatron.model.flash_pattention import flash_pattentions
+
+    def flash(x, keys, values, norm_type):
+        return flash_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys], backend="triton")
+
+    name, d, n, count = shape
+    x, keys, values, grad_out = tensors(tokens, d, n, count)
+    x, grad_out = on_gpu(x, dtype), on_gpu(grad_out, dtype)
+    keys, values = [on_gpu(k, dtype) for k in keys], [on_gpu(v, dtype) for v in values]
+    steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out),
+             "fused": forward_backward(fused, x, keys, values, norm_type, grad_out),
+             "flash": forward_backward(flash, x, keys, values, norm_type, grad_out)}
+    times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
+    peaks = {}
+    for key in ("fused", "flash"):
+        for t in (x, *keys, *values):
+            t.grad = None
+        peaks[key] = peak_step_bytes(steps[key])
+    return {"norm": norm_type, "name": name, "d": d, "n": n, **times, "peak": peaks["flash"] / peaks["fused"]}
+
+
+def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
+    """kernel_row for every Θ and benchmarks/pattention.py's shapes."""
+    from benchmarks.pattention import NORM_TYPES, SHAPES
+
+    rows = []
+    for norm_type in NORM_TYPES:
+        for shape in SHAPES:
+            rows.append(kernel_row(norm_type, shape, tokens, dtype, repeats))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def training_step(args, batch: int) -> Callable[[], None]:
+    """One bf16 training step (forward, lm_loss, backward, AdamW) of the model `args` describe, on one batch."""
+    from megatron.model import TokenFormerModel
+    from megatron.training.step import lm_loss
+
+    model = TokenFormerModel(args).to(device=DEVICE, dtype=torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, args.padded_vocab_size, (batch, args.seq_length + 1), generator=generator).to(DEVICE)
+
+    def step() -> None:
+        lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return synchronized(step)
+
+
+def step_row(name: str, layers: int, batch: int, repeats: int, peak: float) -> dict:
+    """Tokens/s and MFU of flash and fused training steps of config `name` at `layers` layers."""
+    from benchmarks.paper_configs import paper_args
+    from megatron.model import flops_per_token
+
+    args = paper_args(name, num_layers=layers, checkpoint_activations=False, flash_backend="auto")
+    row = {"name": name, "d": args.hidden_size}
+    try:
+        steps = {impl: training_step(dataclasses.replace(args, pattention_impl=impl), batch)
+                 for impl in ("flash", "fused")}
+        times = fastest(steps, repeats)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return {**row, "oom": True}
+    flops = flops_per_token(args, include_recompute=False)
+    for impl, seconds in times.items():
+        row[f"{impl} tokens/s"] = batch * args.seq_length / seconds
+        row[f"{impl} mfu"] = row[f"{impl} tokens/s"] * flops / peak
+    del steps
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=8 * 2048, help="input tokens of the kernel timings")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="of the kernel timings")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--layers", type=int, default=2, help="depth of the training-step models")
+    parser.add_argument("--batch", type=int, default=4, help="sequences of 2048 tokens per training step")
+    parser.add_argument("--configs", nargs="+", default=None, help="paper configs to step (default: all)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="peak bf16 TFLOP/s for the MFU (default: the fastest matmul measured here)")
+    options = parser.parse_args()
+    reason = unavailable_reason()
+    if reason:
+        print(f"benchmarks.gpu_pattention: {reason}", file=sys.stderr)
+        sys.exit(UNAVAILABLE_EXIT)
+
+    from benchmarks.paper_configs import PAPER_CONFIGS
+
+    dtype = DTYPES[options.dtype]
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; tokens={options.tokens} {options.dtype} "
+          f"(TF32 matmul {torch.backends.cuda.matmul.allow_tf32}); fastest of {options.repeats} alternating runs (ms)")
+    header = (f"{'Θ':<13} {'layer':<14} {'d':>5} {'n':>5} {'GEMMs':>8} {'fused':>8} {'flash':>8} "
+              f"{'fused/G':>8} {'flash/G':>8} {'peak fl/f':>9}")
+    print(header)
+    print("-" * len(header))
+    rows = kernel_rows(options.tokens, dtype, options.repeats)
+    for r in rows:
+        print(f"{r['norm']:<13} {r['name']:<14} {r['d']:>5} {r['n']:>5} {r['gemms'] * 1e3:>8.2f} "
+              f"{r['fused'] * 1e3:>8.2f} {r['flash'] * 1e3:>8.2f} {r['fused'] / r['gemms']:>8.2f} "
+              f"{r['flash'] / r['gemms']:>8.2f} {r['peak']:>9.2f}")
+    flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
+    worst = max(r["flash"] / r["gemms"] for r in rows)
+
+    peak = options.peak_tflops * 1e12 if options.peak_tflops else matmul_peak_flops(options.repeats)
+    configs = options.configs or list(PAPER_CONFIGS)
+    print(f"\nTraining steps: {options.layers} layers, seq 2048, batch {options.batch}, bf16, AdamW; peak "
+          f"{peak / 1e12:.0f} TFLOP/s ({'given' if options.peak_tflops else 'measured bf16 matmul'})")
+    header = (f"{'config':<7} {'d':>5} {'flash tok/s':>12} {'fused tok/s':>12} {'flash MFU':>10} {'fused MFU':>10}")
+    print(header)
+    print("-" * len(header))
+    steps = {}
+    for name in configs:
+        r = steps[name] = step_row(name, options.layers, options.batch, options.repeats, peak)
+        if r.get("oom"):
+            print(f"{name:<7} {r['d']:>5} out of memory at batch {options.batch}: lower --batch", flush=True)
+            continue
+        print(f"{name:<7} {r['d']:>5} {r['flash tokens/s']:>12,.0f} {r['fused tokens/s']:>12,.0f} "
+              f"{r['flash mfu']:>10.1%} {r['fused mfu']:>10.1%}", flush=True)
+    last = steps[configs[-1]]
+    mfu = ("out of memory" if last.get("oom")
+           else f"flash {last['flash mfu']:.1%}, fused {last['fused mfu']:.1%}")
+    print(f"ratio: flash (Triton) Pattention time / six GEMMs = {flash_over_gemms:.2f} (all shapes and Θ; worst "
+          f"{worst:.2f}); training-step MFU at {configs[-1]}: {mfu}")
+
+
+if __name__ == "__main__":
+    main()
