@@ -176,14 +176,14 @@ def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Te
     if norm_type == "l2_norm_gelu":
         # dA = D − k·r·A with k = c·live/N, c = Σ over all tokens of D·Z: the second term, linear in A = X·K_Pᵀ,
         # is applied once for all tiles: dK −= K_P·(Xᵀ·diag(k·r)·X), dX −= diag(k·r)·X·(K_PᵀK_P).
+        # One d × d matrix alive at a time.
         scale = reduce_sum(dot).mul_(live).div_(n).mul_(row)
         gram = _gram(key)
-        moment = torch.zeros_like(gram)
         for r in rows:
-            scaled = _at_least_fp32(x[r]) * scale[r]
-            moment.addmm_(scaled.t(), _at_least_fp32(x[r]))
-            grad_x[r].addmm_(scaled, gram, alpha=-1)
-            del scaled
+            grad_x[r].addmm_(_at_least_fp32(x[r]) * scale[r], gram, alpha=-1)
+        moment = gram.zero_()
+        for r in rows:
+            moment.addmm_((_at_least_fp32(x[r]) * scale[r]).t(), _at_least_fp32(x[r]))
         grad_key.addmm_(_at_least_fp32(key), moment, alpha=-1)
     return grad_key.to(key.dtype), grad_value.to(value.dtype)
 
