@@ -40,7 +40,7 @@ from megatron.model.pattention import ZERO_ROW_GUARD, Reduce, _at_least_fp32, _c
 KEY_TILE = 512
 # Elements of one [rows, KEY_TILE] tile buffer: small enough that the few alive at once stay far below a
 # [tokens, n] score matrix, large enough for efficient GEMMs (a GPU wants larger ones than a CPU).
-TILE_ELEMENTS = {"cpu": 2**16, "default": 2**22}
+TILE_ELEMENTS = {"cpu": 2**17, "default": 2**22}
 
 
 def tile_functions(backend: str, device: torch.device) -> ModuleType:
