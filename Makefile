@@ -9,7 +9,7 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo demo-data test test-fast test-gpu docs bench scaling-study clean-demo
+.PHONY: install demo demo-data test test-fast test-gpu docs bench bench-gpu scaling-study clean-demo
 
 install: $(STAMP)
 
@@ -49,15 +49,22 @@ BENCH_DIR ?= /tmp/tokenformer-bench
 bench: $(STAMP) requirements/requirements-bench.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-bench.txt
 	$(PY) -m benchmarks.pattention
+	$(PY) -m benchmarks.memory_model
 	$(PY) -m benchmarks.train_throughput
 	$(PY) -m benchmarks.data_preprocess_throughput
 	$(PY) -m benchmarks.sample_fetch
 	$(PY) -m benchmarks.tp_comm
 	rm -rf $(BENCH_DIR)/grow && $(PY) -m benchmarks.grow --workdir $(BENCH_DIR)/grow
 
-# Issue 11: progressive scaling vs training from scratch on the demo corpus (~30 min on 2 cores);
-# benchmarks/incremental_scaling/README.md. Another corpus: make scaling-study STUDY_ARGS="--data-path P --vocab-file F".
-scaling-study: $(DEMO_DATA) requirements/requirements-bench.txt
+# Flash Pattention's Triton kernels and training-step MFU on one CUDA GPU (without one it says so and exits 2).
+bench-gpu: $(STAMP)
+	$(PY) -m benchmarks.gpu_pattention
+
+# Issue 19: progressive scaling S1 -> S2 -> S3 vs S3 from scratch and S1 trained longer, through
+# tools/progressive_scaling.py, on the Debian documentation corpus it builds first (under an hour on 2 cores);
+# benchmarks/incremental_scaling/README.md. A check in a few minutes: make scaling-study STUDY_ARGS=--quick.
+# Another corpus: make scaling-study STUDY_ARGS="--data-path P --vocab-file F".
+scaling-study: $(STAMP) requirements/requirements-bench.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-bench.txt
 	$(PY) -m benchmarks.incremental_scaling.run_study $(STUDY_ARGS)
 

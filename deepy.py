@@ -21,18 +21,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from megatron.config import ConfigError, check_run_inputs, inactive_keys, load_config
+from megatron.config import ConfigError, inactive_keys
 from megatron.config.validate import raise_if_any
-from megatron.launch import (
-    check_launcher,
-    check_reachable,
-    encode_config,
-    launch_command,
-    launch_notes,
-    process_slots,
-    world_size,
-)
+from megatron.launch import check_launcher, check_reachable, encode_config, launch_command, launch_notes, world_size
 from megatron.launch.preflight import preflight_problems
+from megatron.launch.resolve import resolve_run
 from megatron.launch.supervise import run_launcher
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"
@@ -56,10 +49,8 @@ def main(argv: list[str]) -> int:
         script, files, overrides = split_arguments(argv)
         from deepspeed.accelerator import get_accelerator
 
-        device, device_count = get_accelerator().device_name(), get_accelerator().device_count()
-        slots = process_slots(load_config(files, overrides), device, device_count)
-        cfg = load_config(files, [*overrides, f"user_script={script}"], world_size=world_size(slots))
-        check_run_inputs(cfg, device)
+        device = get_accelerator().device_name()
+        cfg, slots = resolve_run(files, overrides, script, device=device)
         check_launcher(cfg, slots)
         check_reachable(cfg, slots)
         raise_if_any(preflight_problems(cfg, slots))

@@ -27,55 +27,46 @@ def compute_to_reach(curve: Curve, target: float) -> float | None:
 
 @dataclass(frozen=True)
 class Comparison:
-    small: Curve  # (a)
-    grown: Curve  # (b), growth_mode preserve; its first point the grown checkpoint before any training
-    official: Curve  # (b'), growth_mode official, likewise
-    large: Curve  # (c)
+    """`runs` (the progressive path, the control) against `reference`, the largest model from scratch, whose
+    final validation loss is the bar."""
+
+    reference: Curve
+    runs: tuple[Curve, ...]
 
     @property
     def target(self) -> float:
-        return self.large.final_loss
-
-    @property
-    def grown_runs(self) -> tuple[Curve, Curve]:
-        return self.grown, self.official
+        return self.reference.final_loss
 
     def fraction(self, curve: Curve) -> float | None:
-        """Compute `curve` needs to reach (c)'s final loss, as a fraction of (c)'s compute; None if it never does."""
+        """Compute `curve` needs to reach the reference's final loss, as a fraction of the reference's compute;
+        None if it never does."""
         reached = compute_to_reach(curve, self.target)
-        return None if reached is None else reached / self.large.total_compute
-
-    def growth_jump(self, curve: Curve) -> float:
-        """A grown run's validation loss before training minus S's last: 0 if growth preserves the function."""
-        return curve.loss[0] - self.small.final_loss
+        return None if reached is None else reached / self.reference.total_compute
 
     def table(self) -> str:
-        """Markdown: one row per run, then the growth check of each grown run."""
-        rows = ["| run | final valid loss | training compute | compute to reach (c)'s final loss "
-                f"{self.target:.4f} | as a fraction of (c)'s compute |", "| --- | --- | --- | --- | --- |"]
-        for curve in (self.small, *self.grown_runs, self.large):
+        """Markdown: one row per run, the reference last."""
+        rows = ["| run | final valid loss | training compute | compute to reach the reference's final loss "
+                f"{self.target:.4f} | as a fraction of the reference's compute |", "| --- | --- | --- | --- | --- |"]
+        for curve in (*self.runs, self.reference):
             reached = compute_to_reach(curve, self.target)
             if reached is None:
                 reach, fraction = f"not reached (ends {curve.final_loss - self.target:+.4f} above)", "—"
             else:
-                reach, fraction = _flops(reached), f"{reached / self.large.total_compute:.3f}"
+                reach, fraction = _flops(reached), f"{reached / self.reference.total_compute:.3f}"
             rows.append(f"| {curve.label} | {curve.final_loss:.4f} | {_flops(curve.total_compute)} | {reach} | "
                         f"{fraction} |")
-        rows.append("")
-        rows += [f"Growth check, {curve.label}: S's last validation loss {self.small.final_loss:.6f}, the grown "
-                 f"model's before training {curve.loss[0]:.6f} (difference {self.growth_jump(curve):+.2e})."
-                 for curve in self.grown_runs]
         return "\n".join(rows)
 
     def ratio_line(self) -> str:
-        """Each grown run's compute to reach (c)'s final loss over (c)'s, or how far above it ended."""
+        """Each run's compute to reach the reference's final loss over the reference's, or how far above it ended."""
         parts = []
-        for name, curve in (("(b) preserve", self.grown), ("(b') official", self.official)):
+        for curve in self.runs:
             fraction = self.fraction(curve)
-            parts.append(f"{name} {fraction:.3f}" if fraction is not None else
-                         f"{name} not reached ({curve.final_loss - self.target:+.4f} above after "
-                         f"{curve.total_compute / self.large.total_compute:.3f} of (c)'s compute)")
-        return f"compute ratio (grown run to reach (c)'s final loss {self.target:.4f} / (c)): " + ", ".join(parts)
+            parts.append(f"{curve.label} {fraction:.3f}" if fraction is not None else
+                         f"{curve.label} not reached ({curve.final_loss - self.target:+.4f} above after "
+                         f"{curve.total_compute / self.reference.total_compute:.3f} of its compute)")
+        return (f"compute ratio (to reach {self.reference.label}'s final loss {self.target:.4f}, over its "
+                "compute): " + ", ".join(parts))
 
 
 def _flops(value: float) -> str:

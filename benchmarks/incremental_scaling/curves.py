@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from megatron.config import Config
-from megatron.model import TokenFormerArgs, flops_per_token
+from megatron.progressive.costs import stage_cost
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,7 @@ class Curve:
 
 def flops_per_step(cfg: Config) -> float:
     """Training FLOPs of one optimizer step: the shared per-token formula times the step's tokens."""
-    per_token = flops_per_token(TokenFormerArgs.from_config(cfg), include_recompute=cfg.checkpoint_activations)
-    return float(per_token * cfg.train_batch_size * cfg.seq_length)
+    return stage_cost(cfg).flops_per_step
 
 
 def saved_config(checkpoint_dir: Path) -> Config:
@@ -63,3 +62,10 @@ def validation_curve(label: str, points: list[tuple[int, float]], cfg: Config, s
     step = flops_per_step(cfg)
     return Curve(label, [i for i, _ in points], [start_compute + i * step for i, _ in points],
                  [loss for _, loss in points])
+
+
+def joined(label: str, parts: list[Curve]) -> Curve:
+    """One curve through `parts` in order (a progressive path's stages, each already offset by the compute
+    spent before it)."""
+    return Curve(label, [i for part in parts for i in part.iterations], [c for part in parts for c in part.compute],
+                 [loss for part in parts for loss in part.loss])

@@ -1,8 +1,10 @@
 """The study's figure, after the paper's Figure 2: validation loss against cumulative training compute.
 
-The grown runs start where S's compute ends (their first point is the grown checkpoint before training), so
-the horizontal distance between (b) or (b') and (c) at (c)'s final loss is the compute growth saved or cost. The
-left panel shows whole runs; the right one zooms in from the growth point on, where the answer is read.
+Each stage of the progressive path starts where the compute of the stages before it ends (its first point is the
+grown checkpoint before training), so the horizontal distance between the path and the large model from
+scratch at the latter's final loss is the compute growth saved or cost; the control (the small model trained
+longer) shows what the same compute buys without growing. The left panel shows whole runs; the right one zooms
+in from the first growth on, where the answer is read.
 """
 
 from __future__ import annotations
@@ -16,45 +18,51 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
 from benchmarks.incremental_scaling.comparison import Comparison, compute_to_reach  # noqa: E402
+from benchmarks.incremental_scaling.curves import Curve  # noqa: E402
 
-COLORS = {"small": ("tab:blue", "o"), "grown": ("tab:red", "s"), "official": ("tab:purple", "D"),
-          "large": ("tab:green", "^")}
+STAGE_STYLES = [("tab:orange", "o"), ("tab:red", "s"), ("darkred", "D"), ("black", "v")]
+REFERENCE_STYLE, CONTROL_STYLE = ("tab:green", "^"), ("tab:blue", "x")
 
 
-def _draw(axes: Axes, comparison: Comparison) -> None:
-    curves = {"small": comparison.small, "grown": comparison.grown, "official": comparison.official,
-              "large": comparison.large}
-    for key, curve in curves.items():
-        color, marker = COLORS[key]
-        axes.plot([c / 1e12 for c in curve.compute], curve.loss, color=color, marker=marker, markersize=2.5,
-                  linewidth=1.2, label=curve.label)
+def _line(axes: Axes, curve: Curve, style: tuple[str, str], **options: object) -> None:
+    color, marker = style
+    axes.plot([c / 1e12 for c in curve.compute], curve.loss, color=color, marker=marker, markersize=2.5,
+              linewidth=1.2, label=curve.label, **options)
+
+
+def _draw(axes: Axes, comparison: Comparison, stages: list[Curve], control: Curve) -> None:
+    for index, stage in enumerate(stages):
+        _line(axes, stage, STAGE_STYLES[index % len(STAGE_STYLES)])
+        if index:
+            axes.axvline(stage.compute[0] / 1e12, color="gray", linestyle=":", linewidth=0.8)
+    _line(axes, control, CONTROL_STYLE, linestyle="--")
+    _line(axes, comparison.reference, REFERENCE_STYLE)
     axes.axhline(comparison.target, color="gray", linestyle="--", linewidth=1,
-                 label=f"(c)'s final loss {comparison.target:.3f}")
-    axes.axvline(comparison.grown.compute[0] / 1e12, color="tab:red", linestyle=":", linewidth=1,
-                 label="growth (S's total compute)")
-    for name, curve in (("(b)", comparison.grown), ("(b')", comparison.official)):
+                 label=f"{comparison.reference.label}'s final loss {comparison.target:.3f}")
+    for curve in comparison.runs:
         reached = compute_to_reach(curve, comparison.target)
         if reached is not None:
             axes.plot([reached / 1e12], [comparison.target], marker="*", color="black", markersize=11,
-                      linestyle="none", label=f"{name} reaches it at {comparison.fraction(curve):.2f} of (c)'s compute")
+                      linestyle="none", label=f"{curve.label}: {comparison.fraction(curve):.2f} of its compute")
     axes.set_xlabel("cumulative training compute (TFLOP)")
     axes.grid(alpha=0.3)
 
 
-def plot_comparison(comparison: Comparison, path: Path) -> None:
-    """Write the four curves, (c)'s final loss and where (b) and (b') reach it, as a PNG."""
-    figure, (whole, zoom) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=120)
-    _draw(whole, comparison)
+def plot_comparison(comparison: Comparison, stages: list[Curve], control: Curve, path: Path) -> None:
+    """Write the path's stages, the control, the reference, its final loss and the crossings as a PNG."""
+    figure, (whole, zoom) = plt.subplots(1, 2, figsize=(13, 5), dpi=120)
+    _draw(whole, comparison, stages, control)
     whole.set_ylabel("validation loss")
     whole.set_title("Progressive scaling vs training from scratch")
     whole.legend(fontsize=7)
-    _draw(zoom, comparison)
-    growth = comparison.grown.compute[0]
-    end = max(comparison.grown.total_compute, comparison.official.total_compute, comparison.large.total_compute)
+    _draw(zoom, comparison, stages, control)
+    growth = stages[1].compute[0] if len(stages) > 1 else stages[0].compute[0]
+    curves = [*stages, control, comparison.reference]
+    end = max(curve.total_compute for curve in curves)
     zoom.set_xlim(growth / 1e12 * 0.9, end / 1e12 * 1.02)
-    lowest = min(min(c.loss) for c in (comparison.small, *comparison.grown_runs, comparison.large))
-    zoom.set_ylim(lowest - 0.05, max(max(c.loss) for c in comparison.grown_runs) + 0.15)
-    zoom.set_title("from the growth point on")
+    shown = [loss for curve in curves for c, loss in zip(curve.compute, curve.loss) if c >= growth * 0.9]
+    zoom.set_ylim(min(shown) - 0.05, max(shown) + 0.05)
+    zoom.set_title("from the first growth on")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)

@@ -1,17 +1,18 @@
-"""Progressive scaling vs training from scratch, end to end with the framework's own tools (issue 11).
+"""Progressive scaling over three stages vs training from scratch, run by the framework's own driver (issue 19).
 
-    .venv/bin/python -m benchmarks.incremental_scaling.run_study [--data-path PREFIX --vocab-file FILE]
-        [--work-dir DIR] [--train-iters T] [--grown-iters N] [--eval-interval K]
+    .venv/bin/python -m benchmarks.incremental_scaling.run_study            # the study (under an hour on 2 cores)
+    .venv/bin/python -m benchmarks.incremental_scaling.run_study --quick    # every run ~20x shorter: a few minutes
+        [--data-path PREFIX --vocab-file FILE] [--work-dir DIR] [--plan PLAN] [--scratch-iters N]
+        [--scale F] [--fresh]
 
-(a) trains S from scratch (configs/small.yml); (b) grows S's last checkpoint to L (configs/large.yml, 4x the
-parameter tokens) with tools/grow_checkpoint.py, keeping the function (growth_mode preserve), and trains it on
-a fresh, shorter schedule (configs/grown.yml); (b') does the same growing as the official code does
-(growth_mode official: fresh init of the new tokens, √n of the new count, a fresh optimizer); (c) trains L
-from scratch with (a)'s schedule. All read the same batches in the same order and score the same
-validation batches. Writes WORK_DIR/results/: each run's metrics.jsonl, curves.json (validation loss against
-cumulative training FLOPs, megatron/model/flops.py), table.md and scaling.png; prints the table and, last, the
-compute (b) and (b') need to reach (c)'s final validation loss as fractions of (c)'s. The study owns WORK_DIR's
-checkpoints/ and results/ and replaces them on every run.
+Runs, each a plan for tools/progressive_scaling.py's driver (runs.py): the progressive path S1 -> S2 -> S3
+(configs/plan.yml: each stage 2x the parameter tokens of the one before), S3 from scratch, and S1 trained longer
+on the path's compute (the control). All share configs/common.yml (a shape where Pattention is most of the
+FLOPs) and the corpus: by default data_prep/debian_docs.py's, built first if missing (the documentation Debian
+packages ship here, ~24x the demo corpus). Before anything trains, every run's config is checked and the FLOPs
+formula's prediction printed; then the runs, then WORK_DIR/results/: curves.json, table.md, scaling.png. The
+last line printed is the compute each run needs to reach S3-from-scratch's final validation loss, over S3's.
+The driver continues runs an earlier invocation left unfinished; --fresh starts over.
 """
 
 from __future__ import annotations
@@ -20,108 +21,93 @@ import argparse
 import importlib.util
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from benchmarks.incremental_scaling.stages import GROW_TOOL, REPO, StageFailed, grow_command, run_stage, train_command
-from megatron.config import ConfigError, check_run_inputs, load_config
+from benchmarks.incremental_scaling.runs import SCRATCH_ITERS, TEMPLATE, Run, write_runs
+from megatron.config import ConfigError
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.progressive.commands import REPO
+from megatron.progressive.local import run_plan
+from megatron.progressive.processes import Interrupted, StepFailed
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
-COMMON, SMALL, LARGE, GROWN = (CONFIGS / f"{name}.yml" for name in ("common", "small", "large", "grown"))
-
-
-@dataclass(frozen=True)
-class Study:
-    """Where everything goes. study.yml holds the command line's overrides for every run and the grow tool
-    (which reads YAML files only); `grown_overrides` set (b)'s schedule length."""
-
-    work_dir: Path
-    grown_overrides: dict[str, int]
-
-    @property
-    def study_yml(self) -> Path:
-        return self.work_dir / "study.yml"
-
-    @property
-    def results(self) -> Path:
-        return self.work_dir / "results"
-
-    def checkpoints(self, name: str) -> Path:
-        return self.work_dir / "checkpoints" / name
-
-    def configs(self, *files: Path) -> list[Path]:
-        return [COMMON, *files, self.study_yml]
+DEBIAN_CORPUS = REPO / "data" / "debian_docs"
+QUICK_SCALE = 0.05
+QUICK_SETTINGS = {"eval_interval": 4, "eval_iters": 2, "log_interval": 4}
+MAX_EPOCH_SHARE = 0.9  # every run must read its batches from the first epoch, the same order for all
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-path", type=Path, help="corpus PREFIX of PREFIX.bin/.idx (default: the demo corpus)")
-    parser.add_argument("--vocab-file", type=Path, help="the corpus's tokenizer file (default: the demo tokenizer)")
-    parser.add_argument("--work-dir", type=Path, default=REPO / "work_dirs" / "incremental_scaling",
-                        help="checkpoints/ and results/ go here (default: %(default)s)")
-    parser.add_argument("--train-iters", type=int, help="steps of (a) and (c) (default: configs/common.yml's)")
-    parser.add_argument("--grown-iters", type=int, help="steps of (b) after growth (default: configs/grown.yml's)")
-    parser.add_argument("--eval-interval", type=int, help="steps between evaluations (default: configs/common.yml's)")
-    return parser.parse_args(argv)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"every run {1 / QUICK_SCALE:.0f}x shorter, evaluated every "
+                        f"{QUICK_SETTINGS['eval_interval']} steps: checks the study works, in a few minutes (its "
+                        "numbers mean nothing)")
+    parser.add_argument("--plan", type=Path, default=TEMPLATE,
+                        help="the progressive path's plan; its first stage is the control's model, its last the "
+                        "from-scratch reference's (default: configs/plan.yml, S1 -> S2 -> S3)")
+    parser.add_argument("--scratch-iters", type=int, default=SCRATCH_ITERS,
+                        help="steps of the last stage's model trained from scratch (default: %(default)s)")
+    parser.add_argument("--scale", type=float, help="multiply every run's steps by this (default 1, --quick 0.05)")
+    parser.add_argument("--data-path", type=Path, help="corpus PREFIX of PREFIX.bin/.idx (default: the Debian "
+                        "documentation corpus, built by data_prep/debian_docs.py if missing)")
+    parser.add_argument("--vocab-file", type=Path, help="the corpus's tokenizer file")
+    parser.add_argument("--work-dir", type=Path, help="plans, runs and results/ go here (default: "
+                        "work_dirs/scaling_study, with --quick work_dirs/scaling_study_quick)")
+    parser.add_argument("--fresh", action="store_true", help="remove the work dir's earlier runs first")
+    args = parser.parse_args(argv)
+    if (args.data_path is None) != (args.vocab_file is None):
+        parser.error("--data-path and --vocab-file go together: the corpus and the tokenizer it was made with")
+    args.scale = args.scale or (QUICK_SCALE if args.quick else 1.0)
+    args.work_dir = (args.work_dir or REPO / "work_dirs" / ("scaling_study_quick" if args.quick else "scaling_study"))
+    args.work_dir = args.work_dir.resolve()
+    return args
 
 
-def prepare(args: argparse.Namespace) -> Study:
-    """Write study.yml from the command line; the Study reading it."""
-    study = Study(args.work_dir.resolve(), {key: args.grown_iters for key in ("lr_decay_iters", "exit_interval")
-                                            if args.grown_iters is not None})
-    overrides = {"data_path": args.data_path and str(args.data_path.resolve()),
-                 "vocab_file": args.vocab_file and str(args.vocab_file.resolve()),
-                 "train_iters": args.train_iters, "eval_interval": args.eval_interval}
-    study.work_dir.mkdir(parents=True, exist_ok=True)
-    study.study_yml.write_text(yaml.safe_dump({k: v for k, v in overrides.items() if v is not None}), encoding="utf-8")
-    return study
+def corpus(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(PREFIX, tokenizer) of the study's corpus; the Debian documentation corpus is built when missing."""
+    if args.data_path is not None:
+        return args.data_path.resolve(), args.vocab_file.resolve()
+    prefix, vocab = DEBIAN_CORPUS / "debian_docs_text_document", DEBIAN_CORPUS / "tokenizer.json"
+    if not (prefix.with_suffix(".idx").is_file() and vocab.is_file()):
+        print(f"building the corpus: data_prep/debian_docs.py --out {DEBIAN_CORPUS} (a few minutes, once)", flush=True)
+        subprocess.run([sys.executable, str(REPO / "data_prep" / "debian_docs.py"), "--out", str(DEBIAN_CORPUS)],
+                       cwd=REPO, check=True)
+    return prefix, vocab
 
 
-def check_inputs(study: Study) -> None:
-    """Every problem a run or the growth would hit, as one ConfigError before any training starts."""
-    from megatron.growth.plan import plan_growth
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise ConfigError("matplotlib is not installed: .venv/bin/pip install -r requirements/requirements-bench.txt")
-    if not GROW_TOOL.is_file():
-        raise ConfigError(f"{GROW_TOOL} does not exist: the study grows S with it")
-    small, large = load_config(study.configs(SMALL)), load_config(study.configs(LARGE))
-    for cfg in (small, large):
-        check_run_inputs(cfg)
-    grown = load_config(study.configs(LARGE, GROWN), [f"{k}={v}" for k, v in study.grown_overrides.items()])
-    steps = grown.lr_decay_iters
-    if grown.exit_interval != steps or not 0 < steps <= small.train_iters or steps % grown.eval_interval:
-        raise ConfigError(f"(b)'s schedule (lr_decay_iters {steps}, exit_interval {grown.exit_interval}) must end "
-                          f"where the run does, within train_iters {small.train_iters}, on a multiple of "
-                          f"eval_interval {grown.eval_interval} (so its last step is evaluated)")
-    plans = [plan_growth(small, large, mode=mode) for mode in ("preserve", "official")]
-    print("growth: " + ", ".join(plans[0].summary()), flush=True)
+def write_shared(args: argparse.Namespace, prefix: Path, vocab: Path) -> Path:
+    """study.yml, merged after configs/common.yml in every run: the corpus, a free port, --quick's evaluations."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = {"data_path": str(prefix), "vocab_file": str(vocab), "master_port": port,
+                **(QUICK_SETTINGS if args.quick else {})}
+    path = args.work_dir / "study.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    return path
 
 
-def run(study: Study) -> dict[str, float]:
-    """The study's steps in order; seconds each took."""
-    for stale in (study.results, study.work_dir / "checkpoints"):
-        shutil.rmtree(stale, ignore_errors=True)
-    ckpt, large = study.checkpoints, study.configs(LARGE)
-
-    def train(name: str, configs: list[Path], log_dir: str, **overrides: object) -> tuple[str, list[str]]:
-        return name, train_command(configs, {**overrides, "log_dir": study.results / log_dir})
-
-    steps = [train("a_small", study.configs(SMALL), "a_small", save=ckpt("small"), load=ckpt("small"))]
-    for mode, grown, results in (("preserve", "grown", "b_grown"), ("official", "official", "b_official")):
-        steps += [
-            (f"grow_{mode}", grow_command(ckpt("small"), ckpt(grown), large, mode)),
-            # the grown run's first point: the grown checkpoint scored before any training, at iteration 0
-            train(f"{results}_growth_point", large, results, load=ckpt(grown), save=None, eval_only="true"),
-            train(results, study.configs(LARGE, GROWN), results, load=ckpt(grown), save=ckpt(f"{grown}_trained"),
-                  **study.grown_overrides),
-        ]
-    steps.append(train("c_large", large, "c_large", save=ckpt("large"), load=ckpt("large")))
-    return {name: run_stage(name, command, study.results / "logs" / f"{name}.log") for name, command in steps}
+def check_one_epoch(runs: dict[str, Run], prefix: Path) -> None:
+    """Runs needing different numbers of epochs shuffle the corpus differently: keep every run within one."""
+    tokens = int(MMapIndexedDataset(str(prefix)).sizes.sum(dtype="int64"))
+    for run in runs.values():
+        for entry in run.stages:
+            cfg = entry.config
+            train_share = float(cfg.split.split(",")[0]) / sum(float(part) for part in cfg.split.split(","))
+            epoch = tokens * train_share / cfg.seq_length
+            needed = cfg.train_iters * cfg.train_batch_size
+            if needed > MAX_EPOCH_SHARE * epoch:
+                raise ConfigError(f"{run.plan.path}: stage {entry.stage.name!r} reads {needed:,} sequences, more "
+                                  f"than {MAX_EPOCH_SHARE:.0%} of one epoch of {prefix}'s training split "
+                                  f"(~{epoch:,.0f}), so the runs would not read the same batches: use a larger corpus "
+                                  "or a smaller --scale")
 
 
 def header(argv: list[str], seconds: dict[str, float], total: float, load: tuple[float, float]) -> list[str]:
@@ -131,27 +117,48 @@ def header(argv: list[str], seconds: dict[str, float], total: float, load: tuple
             f"{load[1]:.1f} at the end, on {os.cpu_count()} cores."]
 
 
+def prepare(args: argparse.Namespace) -> dict[str, Run]:
+    """Every run's plan written and checked, as one ConfigError before any training."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("matplotlib is not installed: .venv/bin/pip install -r requirements/requirements-bench.txt")
+    if args.fresh:
+        for name in ("plans", "progressive", "scratch", "control", "results"):
+            shutil.rmtree(args.work_dir / name, ignore_errors=True)
+    prefix, vocab = corpus(args)
+    runs = write_runs(args.work_dir, write_shared(args, prefix, vocab), args.scale, args.plan, args.scratch_iters)
+    check_one_epoch(runs, prefix)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:
-        study = prepare(args)
-        check_inputs(study)
-    except (ConfigError, OSError) as error:
+        runs = prepare(args)
+    except (ConfigError, OSError, subprocess.CalledProcessError) as error:
         print(f"run_study.py: error: {error}", file=sys.stderr)
         return 2
-    from benchmarks.incremental_scaling.report import write_report  # needs matplotlib, checked above
+    from benchmarks.incremental_scaling.report import prediction, write_report  # needs matplotlib, checked above
 
-    start, load_before = time.perf_counter(), os.getloadavg()[0]
+    print("prediction: " + "\n            ".join(prediction(runs)), flush=True)
+    start, load_before, seconds = time.perf_counter(), os.getloadavg()[0], {}
     try:
-        seconds = run(study)
-    except StageFailed as error:
+        for key, run in runs.items():
+            began = time.perf_counter()
+            print(f"--- {key}: {run.plan.path}", flush=True)
+            run_plan(run.plan, run.stages, echo=False)
+            seconds[key] = time.perf_counter() - began
+    except (StepFailed, ConfigError) as error:
         print(f"run_study.py: {error}", file=sys.stderr)
         return 1
+    except Interrupted as stop:
+        print(f"run_study.py: {stop}", file=sys.stderr)
+        return 128 + stop.number
     command = ["-m", "benchmarks.incremental_scaling.run_study", *argv]
-    text = write_report(study.results, study.checkpoints,
-                        header(command, seconds, time.perf_counter() - start, (load_before, os.getloadavg()[0])))
-    print(f"\n{text}\n\nresults: {study.results}", flush=True)
+    results = args.work_dir / "results"
+    text = write_report(runs, results, header(command, seconds, time.perf_counter() - start,
+                                              (load_before, os.getloadavg()[0])))
+    print(f"\n{text}\n\nresults: {results}", flush=True)
     print(text.splitlines()[-1])
     return 0
 

@@ -60,7 +60,7 @@ _ConfigYamlLoader.add_implicit_resolver(
 )
 
 
-def _parse_yaml(text: str, source: str) -> Any:
+def parse_yaml(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_ConfigYamlLoader)
     except yaml.YAMLError as error:
@@ -75,7 +75,7 @@ def _read_file(path: Path) -> tuple[str, dict[str, Any]]:
         raise ConfigError(f"config file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"config file {path} cannot be read: {error}") from None
-    content = _parse_yaml(text, f"config file {path}")
+    content = parse_yaml(text, f"config file {path}")
     if content is None:
         return text, {}
     if not isinstance(content, dict):
@@ -90,7 +90,7 @@ def parse_override(override: str) -> tuple[str, Any]:
     if not separator or not key.strip():
         raise ConfigError(f"override {override!r} must look like key=value, e.g. train_iters=100")
     source = f"override {override!r}"
-    return next(iter(normalize_keys({key.strip(): _parse_yaml(value, source)}, source).items()))
+    return next(iter(normalize_keys({key.strip(): parse_yaml(value, source)}, source).items()))
 
 
 def load_config(

@@ -16,17 +16,31 @@ def _pattention_flops(input_dim: int, output_dim: int, num_tokens: int) -> int:
     return 2 * input_dim * num_tokens + 2 * num_tokens * output_dim
 
 
+def layer_pattention_flops_per_token(args: TokenFormerArgs) -> int:
+    """Forward FLOPs of one block's Pattention layers per token: the part parameter tokens scale."""
+    d = args.hidden_size
+    return (3 * _pattention_flops(d, d, args.qkv_slot_num) + _pattention_flops(d, d, args.proj_slot_num)
+            + _pattention_flops(d, d, args.ffn_slot_num))
+
+
 def layer_forward_flops_per_token(args: TokenFormerArgs) -> int:
     """Forward FLOPs of one TokenFormer block per token."""
-    d = args.hidden_size
-    pattentions = (3 * _pattention_flops(d, d, args.qkv_slot_num) + _pattention_flops(d, d, args.proj_slot_num)
-                   + _pattention_flops(d, d, args.ffn_slot_num))
-    return pattentions + 2 * 2 * args.seq_length * d
+    return layer_pattention_flops_per_token(args) + 2 * 2 * args.seq_length * args.hidden_size
+
+
+def _logits_forward_flops_per_token(args: TokenFormerArgs) -> int:
+    return 2 * args.hidden_size * args.padded_vocab_size
+
+
+def pattention_share(args: TokenFormerArgs) -> float:
+    """The Pattention layers' share of the forward FLOPs per token: how much of the cost growth scales."""
+    forward = args.num_layers * layer_forward_flops_per_token(args) + _logits_forward_flops_per_token(args)
+    return args.num_layers * layer_pattention_flops_per_token(args) / forward
 
 
 def flops_per_token(args: TokenFormerArgs, include_recompute: bool) -> int:
     """Training (forward + backward) FLOPs per token; see the module docstring for the formula."""
     layers_forward = args.num_layers * layer_forward_flops_per_token(args)
-    logits_forward = 2 * args.hidden_size * args.padded_vocab_size
+    logits_forward = _logits_forward_flops_per_token(args)
     recompute = layers_forward if include_recompute else 0
     return 3 * (layers_forward + logits_forward) + recompute

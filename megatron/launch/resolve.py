@@ -1,0 +1,31 @@
+"""The config a launch runs with, resolved and checked as deepy.py does before any process starts.
+
+One function, so that deepy.py and tools that plan launches ahead (tools/progressive_scaling.py validates every
+stage of a plan before the first one runs) refuse exactly the same configs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from megatron.config import Config, check_run_inputs, load_config
+from megatron.launch.resources import Slots, process_slots, world_size
+
+
+def resolve_run(files: Sequence[str | Path], overrides: Sequence[str], script: str,
+                slots: Slots | None = None, device: str | None = None) -> tuple[Config, Slots]:
+    """The validated config of `script` run with `files` + `overrides`, and the slots its processes take.
+
+    The slots are this machine's or the hostfile's (as deepy.py finds them) unless `slots` gives the ones a
+    future allocation will offer (a SLURM job's nodes); the batch arithmetic uses their count. `device`
+    ('cpu', 'cuda', ...) is the accelerator the ranks will use, by default this machine's.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    local_device = get_accelerator().device_name()
+    if slots is None:
+        slots = process_slots(load_config(files, overrides), local_device, get_accelerator().device_count())
+    cfg = load_config(files, [*overrides, f"user_script={script}"], world_size=world_size(slots))
+    check_run_inputs(cfg, device or local_device)
+    return cfg, slots

@@ -1,0 +1,148 @@
+"""Running a plan on this machine: the pending steps (progress.py) one after the other.
+
+One driver per work_dir at a time (a lock like a run's save directory). Before a stage trains, the driver waits
+for an earlier run of it that is still stopping (a driver killed mid-stage stops its ranks, which save first)
+to let go of the stage's save directory. After a growth is scored it prints the growth check: with
+growth_mode preserve the grown model's validation loss is the previous stage's last.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+
+from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free, hold_save_directory
+from megatron.progressive.commands import evaluate_command, grow_command, source_tag, train_command
+from megatron.progressive.plan import Plan, Stage
+from megatron.progressive.processes import run_step
+from megatron.progressive.progress import (
+    EVALUATE,
+    FINISH,
+    GROW,
+    TRAIN,
+    Step,
+    checkpoint_iteration,
+    growth_validation,
+    last_validation,
+    pending_steps,
+    publish_final,
+    retract_stale_final,
+)
+from megatron.progressive.stage_config import ResolvedStage
+from megatron.progressive.stage_file import prepare_stage_files
+
+SAVE_DIRECTORY_WAIT_SECONDS = 300
+RELATIVE_TOLERANCE = 1e-5  # growth_mode preserve: the grown model's loss is the source's up to rounding
+
+
+def _say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def hold_work_dir(plan: Plan) -> None:
+    """Keep other drivers off this work_dir for as long as this process lives."""
+    try:
+        hold_save_directory(plan.work_dir, " ".join(sys.argv))
+    except SaveDirectoryInUse as error:
+        raise plan.error(f"work_dir {plan.work_dir} is in use by another driver: {error}") from None
+
+
+def wait_for_save_directory(plan: Plan, stage: Stage) -> None:
+    """Wait until no earlier run holds the stage's save directory (one being stopped saves a checkpoint first)."""
+    deadline, announced = time.monotonic() + SAVE_DIRECTORY_WAIT_SECONDS, False
+    while True:
+        try:
+            check_save_directory_free(plan.checkpoints(stage))
+            return
+        except SaveDirectoryInUse as error:
+            if time.monotonic() > deadline:
+                raise plan.error(f"{stage.where()}: {error}") from None
+            if not announced:
+                _say(f"{stage.name}: waiting for an earlier run of the stage to stop: {error}")
+                announced = True
+            time.sleep(1)
+
+
+def clear_incomplete_growth(plan: Plan, stage: Stage) -> None:
+    """A grown stage without any usable checkpoint holds at most an interrupted growth: remove it."""
+    directory = plan.checkpoints(stage)
+    if directory.exists() and checkpoint_iteration(directory) is None:
+        _say(f"{stage.name}: removing the incomplete growth in {directory}")
+        shutil.rmtree(directory)
+
+
+def growth_check(plan: Plan, resolved: ResolvedStage) -> str:
+    """'s2 grown: validation loss X, s1 ended at Y (...)'."""
+    stage = resolved.stage
+    previous = plan.previous(stage)
+    before, after = last_validation(plan, previous), growth_validation(plan, stage)
+    if before is None or after is None:
+        return f"{stage.name} grown (no validation loss to compare: eval_iters 0 or no validation split)"
+    line = (f"{stage.name} grown from {previous.name}: validation loss {after:.6f}, {previous.name} ended at "
+            f"{before:.6f} (difference {after - before:+.2e})")
+    if resolved.config.growth_mode == "preserve" and abs(after - before) > RELATIVE_TOLERANCE * abs(before):
+        line += "; WARNING: growth_mode preserve should keep the loss"
+    return line
+
+
+def _run(plan: Plan, by_name: dict[str, ResolvedStage], step: Step, echo: bool) -> None:
+    stage, resolved = step.stage, by_name[step.stage.name]
+    log = plan.directory(stage) / f"{step.kind}.log"
+    if step.kind == GROW:
+        previous = by_name[plan.previous(stage).name].config
+        _say(f"{stage.name}: grow {plan.previous(stage).name}'s {source_tag(previous)} "
+             f"({', '.join(resolved.growth.summary())}; growth mode {resolved.config.growth_mode}); log: {log}")
+        clear_incomplete_growth(plan, stage)
+        run_step(f"{stage.name} grow", grow_command(plan, stage, previous, resolved.config), log, echo)
+    elif step.kind == EVALUATE:
+        _say(f"{stage.name}: score the grown checkpoint; log: {log}")
+        run_step(f"{stage.name} evaluate", evaluate_command(plan, stage), log, echo)
+        _say(growth_check(plan, resolved))
+    elif step.kind == TRAIN:
+        start = checkpoint_iteration(plan.checkpoints(stage)) or 0
+        _say(f"{stage.name}: train iterations {start + 1}-{resolved.config.train_iters}; log: {log}")
+        wait_for_save_directory(plan, stage)
+        seconds = run_step(f"{stage.name} train", train_command(plan, stage), log, echo)
+        reached = checkpoint_iteration(plan.checkpoints(stage))
+        if reached is None or reached < resolved.config.train_iters:
+            raise plan.error(f"{stage.where()}: training stopped at iteration {reached} of "
+                             f"{resolved.config.train_iters} (exit_interval, exit_duration_in_mins or a signal); "
+                             "run the same command again to continue")
+        loss = last_validation(plan, stage)
+        _say(f"{stage.name}: trained in {seconds:.0f} s" + (f", last validation loss {loss:.4f}" if loss else ""))
+    elif step.kind == FINISH:
+        _say(f"plan complete: {publish_final(plan)} -> {plan.checkpoints(stage)}")
+
+
+def run_single_step(plan: Plan, resolved: list[ResolvedStage], kind: str, stage_name: str) -> None:
+    """One grow or finish step, as a SLURM chain's step job runs it; done steps are skipped, and a step whose
+    stage before is not complete is refused."""
+    by_name = {entry.stage.name: entry for entry in resolved}
+    if stage_name not in by_name:
+        raise plan.error(f"--stage {stage_name!r} is not a stage of the plan ({', '.join(by_name)})")
+    stage = by_name[stage_name].stage
+    before = plan.previous(stage) if kind == GROW else stage
+    if before is None:
+        raise plan.error(f"{stage.where()} is the first stage: it is trained from scratch, not grown")
+    reached = checkpoint_iteration(plan.checkpoints(before))
+    if reached is None or reached < by_name[before.name].config.train_iters:
+        raise plan.error(f"{before.where()} is not complete (iteration {reached} of "
+                         f"{by_name[before.name].config.train_iters}); it must be before the {kind} step")
+    if kind == GROW and checkpoint_iteration(plan.checkpoints(stage)) is not None:
+        _say(f"{stage.name}: already grown ({plan.checkpoints(stage)} holds a checkpoint); nothing to do")
+        return
+    _run(plan, by_name, Step(kind, stage), echo=True)
+
+
+def run_plan(plan: Plan, resolved: list[ResolvedStage], echo: bool = True) -> None:
+    """Do every pending step of `plan` here, in order (StepFailed, Interrupted or PlanError stop it)."""
+    hold_work_dir(plan)
+    prepare_stage_files(plan)
+    steps = pending_steps(plan, resolved)
+    if not steps:
+        _say(f"nothing to do: the plan is complete ({plan.final} -> {plan.checkpoints(plan.stages[-1])})")
+    retract_stale_final(plan, steps)
+    by_name = {entry.stage.name: entry for entry in resolved}
+    for step in steps:
+        _run(plan, by_name, step, echo)

@@ -1,0 +1,182 @@
+"""A progressive-scaling plan: the YAML file tools/progressive_scaling.py runs (docs/growth.md).
+
+    configs: [configs/demo.yml]             # every stage's config files, merged left to right as deepy.py does
+    work_dir: work_dirs/progressive_demo    # stage NAME's checkpoints and logs go under work_dir/NAME/
+    stages:                                 # in order; each a name plus that stage's config keys
+      - {name: s1, train_iters: 200}
+      - {name: s2, qkv_slot_num: 256, proj_slot_num: 256, ffn_slot_num: 1024, train_iters: 100}
+
+This module reads the file and checks what needs no config loaded: its shape, the stage names, that every
+stage key is a config key and not one the driver sets itself. Relative paths are taken from the current
+directory, as deepy.py takes them. Every error names the plan file, the stage, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatron.config import ConfigError
+from megatron.config.loader import parse_yaml
+from megatron.config.schema import SCHEMA
+from megatron.config.validate import closest_key, normalize_keys
+
+PLAN_KEYS = ("configs", "work_dir", "stages")
+STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+FINAL = "final"
+# Set by the driver for every stage: a stage giving them would train somewhere the driver does not look.
+DRIVER_KEYS = {"save": "work_dir/NAME/checkpoints", "load": "work_dir/NAME/checkpoints",
+               "log_dir": "work_dir/NAME/logs"}
+REFUSED_KEYS = {
+    "pretrain_partial_init": "the driver grows each stage from the previous stage's last checkpoint with "
+                             "tools/grow_checkpoint.py; remove it",
+    "eval_only": "a plan trains; to score a stage's checkpoint run deepy.py train.py ... eval_only=true "
+                 "load=work_dir/NAME/checkpoints",
+    "world_size": "it is the number of processes the launcher starts: set num_gpus (and num_nodes)",
+    "user_script": "the driver runs train.py",
+    "config_files": "load_config records the config files itself",
+    "padded_vocab_size": "the tokenizer sets it when a run starts",
+}
+
+
+class PlanError(ConfigError):
+    """A plan that cannot run as written; the message says where and what to do."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its name, position and config keys (normalized: '-' read as '_')."""
+
+    name: str
+    index: int
+    settings: dict[str, Any]
+
+    def where(self) -> str:
+        return f"stage {self.name!r} (stages[{self.index}])"
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: Path
+    configs: tuple[Path, ...]
+    work_dir: Path
+    stages: tuple[Stage, ...]
+
+    def error(self, message: str) -> PlanError:
+        return PlanError(f"{self.path}: {message}")
+
+    def directory(self, stage: Stage) -> Path:
+        return self.work_dir / stage.name
+
+    def checkpoints(self, stage: Stage) -> Path:
+        """The stage's save = load directory; a grown stage's first checkpoint (global_step0) is its growth."""
+        return self.directory(stage) / "checkpoints"
+
+    def logs(self, stage: Stage) -> Path:
+        return self.directory(stage) / "logs"
+
+    def stage_file(self, stage: Stage) -> Path:
+        """The YAML file merged after `configs` for this stage (written by the driver)."""
+        return self.directory(stage) / "stage.yml"
+
+    def config_files(self, stage: Stage) -> list[Path]:
+        return [*self.configs, self.stage_file(stage)]
+
+    def stage_settings(self, stage: Stage) -> dict[str, Any]:
+        """What the stage file holds: the stage's keys and the directories the driver gives it."""
+        checkpoints = str(self.checkpoints(stage))
+        return {**stage.settings, "save": checkpoints, "load": checkpoints, "log_dir": str(self.logs(stage))}
+
+    def previous(self, stage: Stage) -> Stage | None:
+        return self.stages[stage.index - 1] if stage.index else None
+
+    @property
+    def final(self) -> Path:
+        """work_dir/final: a symlink to the last stage's checkpoints once the plan is complete."""
+        return self.work_dir / FINAL
+
+
+def _path_list(plan_path: Path, value: Any) -> tuple[Path, ...]:
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
+        raise PlanError(f"{plan_path}: configs must be a non-empty list of config files, e.g. "
+                        f"configs: [configs/demo.yml]; got {value!r}")
+    missing = [item for item in value if not Path(item).is_file()]
+    if missing:
+        raise PlanError(f"{plan_path}: configs: {', '.join(missing)} does not exist (relative paths are taken "
+                        f"from the current directory, {Path.cwd()}); fix the path or run from the directory the "
+                        "plan's paths are relative to (the repository root for the plans in configs/progressive/)")
+    return tuple(Path(item).resolve() for item in value)
+
+
+def _stage_key_problem(name: str) -> str | None:
+    if name in DRIVER_KEYS:
+        return f"is set by the driver ({DRIVER_KEYS[name]}); remove it from the stage"
+    if name in REFUSED_KEYS:
+        return f"cannot be part of a plan: {REFUSED_KEYS[name]}"
+    if name not in SCHEMA:
+        guess = closest_key(name)
+        return "is not a config key; " + (f"did you mean {guess!r}?" if guess else "see docs/config.md for the keys")
+    return None
+
+
+def _stage(plan_path: Path, index: int, raw: Any, seen: set[str]) -> Stage:
+    where = f"stages[{index}]"
+    if not isinstance(raw, Mapping):
+        raise PlanError(f"{plan_path}: {where} must be a mapping with a name and config keys, e.g. "
+                        f"{{name: s{index + 1}, train_iters: 1000}}; got {raw!r}")
+    settings = normalize_keys(raw, f"{plan_path}: {where}")
+    name = settings.pop("name", None)
+    if not isinstance(name, str) or not STAGE_NAME.match(name) or name == FINAL:
+        raise PlanError(f"{plan_path}: {where}: name {name!r} must be a directory name of letters, digits, '.', "
+                        f"'_' or '-' other than {FINAL!r} (its checkpoints go under work_dir/NAME/); set "
+                        f"name: s{index + 1}")
+    if name in seen:
+        raise PlanError(f"{plan_path}: {where}: name {name!r} is used by an earlier stage; give every stage its "
+                        "own name (each has its own directory)")
+    seen.add(name)
+    stage = Stage(name, index, settings)
+    for key in settings:
+        problem = _stage_key_problem(key)
+        if problem:
+            raise PlanError(f"{plan_path}: {stage.where()}: key {key!r} {problem}")
+    return stage
+
+
+def parse_plan(path: str | Path, content: Any) -> Plan:
+    """The plan `content` (the parsed YAML of `path`) describes; PlanError naming the first problem."""
+    path = Path(path)
+    if not isinstance(content, Mapping):
+        raise PlanError(f"{path}: a plan is a mapping with the keys {', '.join(PLAN_KEYS)}; got "
+                        f"{type(content).__name__}")
+    unknown = sorted(set(content) - set(PLAN_KEYS))
+    if unknown:
+        raise PlanError(f"{path}: unknown key(s) {', '.join(map(repr, unknown))}; a plan has only "
+                        f"{', '.join(PLAN_KEYS)} (config keys shared by every stage go into a file listed in "
+                        "configs, a stage's own keys into its entry of stages)")
+    missing = [key for key in PLAN_KEYS if content.get(key) is None]
+    if missing:
+        raise PlanError(f"{path}: {', '.join(missing)} missing; a plan needs configs (config files every stage "
+                        "shares), work_dir (where stages write) and stages (a list of {name: ..., key: value})")
+    if not isinstance(content["work_dir"], str):
+        raise PlanError(f"{path}: work_dir must be a directory path, got {content['work_dir']!r}")
+    stages, seen = content["stages"], set()
+    if not isinstance(stages, list) or not stages:
+        raise PlanError(f"{path}: stages must be a non-empty list of mappings, each with a name")
+    return Plan(path, _path_list(path, content["configs"]), Path(content["work_dir"]).resolve(),
+                tuple(_stage(path, index, raw, seen) for index, raw in enumerate(stages)))
+
+
+def read_plan(path: str | Path) -> Plan:
+    """Read and check the plan file `path`."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"plan file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise PlanError(f"plan file {path} cannot be read: {error}") from None
+    return parse_plan(path, parse_yaml(text, f"plan file {path}"))

@@ -1,0 +1,140 @@
+"""A plan as a chain of sbatch jobs, each starting only if the one before succeeded (--dependency=afterok).
+
+Each stage trains in a tools/slurm/train.sbatch job asking num_nodes × num_gpus tasks (with
+EVAL_BEFORE_TRAINING=1 after a growth: the job first scores the grown checkpoint); each growth, and the
+publication of work_dir/final at the end, is a small CPU job of its own running this driver's step
+(tools/slurm/progressive_step.sbatch). --kill-on-invalid-dep=yes makes SLURM cancel the rest of the chain when
+a job fails. What to submit comes from the work_dir (progress.py), so re-running the command after a failure
+submits from the failed step on; while jobs of an earlier submission are still queued or running, it refuses.
+Submitted jobs are appended to work_dir/slurm_jobs.jsonl, which --status reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from megatron.progressive.commands import REPO, shown
+from megatron.progressive.plan import Plan
+from megatron.progressive.progress import EVALUATE, FINISH, GROW, TRAIN, Step
+from megatron.progressive.stage_config import ResolvedStage, allocation
+
+TRAIN_SBATCH = "tools/slurm/train.sbatch"
+STEP_SBATCH = "tools/slurm/progressive_step.sbatch"
+ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+                 "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+DEPENDENCY_PLACEHOLDER = "<job id of {}>"
+
+
+def jobs_file(plan: Plan) -> Path:
+    return plan.work_dir / "slurm_jobs.jsonl"
+
+
+def submitted_jobs(plan: Plan) -> list[dict]:
+    """Every job the driver submitted for this work_dir, oldest first."""
+    path = jobs_file(plan)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def job_state(job: str) -> str | None:
+    """SLURM's state of `job` (scontrol while the controller remembers it, else sacct), None if neither knows."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True)
+    match = re.search(r"JobState=(\S+)", shown.stdout)
+    if match:
+        return match.group(1)
+    try:
+        accounted = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job], capture_output=True,
+                                   text=True)
+    except FileNotFoundError:
+        return None
+    states = accounted.stdout.split()
+    return states[0] if accounted.returncode == 0 and states else None
+
+
+def active_jobs(plan: Plan) -> list[tuple[dict, str]]:
+    return [(job, state) for job in submitted_jobs(plan) if (state := job_state(job["job"])) in ACTIVE_STATES]
+
+
+def _job_name(plan: Plan, step: Step) -> str:
+    return f"{plan.path.stem}:{step.stage.name}:{step.kind}"
+
+
+def _sbatch(plan: Plan, step: Step, dependency: str | None) -> list[str]:
+    output = plan.directory(step.stage) / f"slurm-{step.kind}-%j.out"
+    command = ["sbatch", "--parsable", f"--job-name={_job_name(plan, step)}", f"--output={output}",
+               "--kill-on-invalid-dep=yes"]
+    return command + ([f"--dependency=afterok:{dependency}"] if dependency else [])
+
+
+def _train_job(plan: Plan, resolved: ResolvedStage, evaluate_first: bool) -> tuple[list[str], list[str]]:
+    """(sbatch options, script and its arguments) of a stage's training job."""
+    nodes, tasks = allocation(resolved.config)
+    options = [f"--nodes={nodes}", f"--ntasks-per-node={tasks}", f"--gpus-per-node={tasks}"]
+    if evaluate_first:
+        options.append("--export=ALL,EVAL_BEFORE_TRAINING=1")
+    return options, [TRAIN_SBATCH, *map(str, plan.config_files(resolved.stage))]
+
+
+def _step_job(plan: Plan, step: Step) -> tuple[list[str], list[str]]:
+    return ["--nodes=1", "--ntasks=1"], [STEP_SBATCH, str(plan.path), "--step", step.kind, "--stage", step.stage.name]
+
+
+def chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step],
+          user_options: list[str]) -> list[tuple[Step, list[str]]]:
+    """(step, the sbatch command's options and script, dependency left out) per job, in order. A grown stage's
+    scoring runs in its training job; the user's options come last, so they override the driver's."""
+    by_name = {entry.stage.name: entry for entry in resolved}
+    evaluate = {step.stage.name for step in steps if step.kind == EVALUATE}
+    jobs = []
+    for step in steps:
+        if step.kind == TRAIN:
+            options, script = _train_job(plan, by_name[step.stage.name], step.stage.name in evaluate)
+        elif step.kind in (GROW, FINISH):
+            options, script = _step_job(plan, step)
+        else:
+            continue
+        jobs.append((step, [*options, *user_options, *script]))
+    return jobs
+
+
+def describe_chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], user_options: list[str]) -> list[str]:
+    """The sbatch commands --slurm would run, dependencies as placeholders (for --dry-run)."""
+    lines, previous = [], None
+    for step, arguments in chain(plan, resolved, steps, user_options):
+        dependency = DEPENDENCY_PLACEHOLDER.format(f"{previous.stage.name} {previous.kind}") if previous else None
+        lines.append(f"{step.stage.name} {step.kind}: {shown(_sbatch(plan, step, dependency) + arguments)}")
+        previous = step
+    return lines
+
+
+def submit_chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], user_options: list[str]) -> list[dict]:
+    """Submit the chain from the repository root; the jobs submitted, each recorded in slurm_jobs.jsonl."""
+    running = active_jobs(plan)
+    if running:
+        listed = ", ".join(f"{job['job']} ({job['stage']} {job['step']}, {state})" for job, state in running)
+        raise plan.error(f"jobs of an earlier submission are still queued or running: {listed}; follow them with "
+                         f"--status, or cancel them (scancel {' '.join(job['job'] for job, _ in running)}) to "
+                         "submit again")
+    submitted, dependency = [], None
+    plan.work_dir.mkdir(parents=True, exist_ok=True)
+    for step, arguments in chain(plan, resolved, steps, user_options):
+        plan.directory(step.stage).mkdir(parents=True, exist_ok=True)
+        command = _sbatch(plan, step, dependency) + arguments
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise plan.error(f"sbatch refused the {step.stage.name} {step.kind} job ({result.stderr.strip()}); "
+                             f"command: {shlex.join(command)}" + (f". Jobs already submitted: "
+                             f"{', '.join(job['job'] for job in submitted)} (scancel them)" if submitted else ""))
+        dependency = result.stdout.strip().split(";")[0]
+        record = {"job": dependency, "stage": step.stage.name, "step": step.kind,
+                  "submitted": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command}
+        with open(jobs_file(plan), "a", encoding="utf-8") as stream:
+            stream.write(json.dumps(record) + "\n")
+        submitted.append(record)
+    return submitted

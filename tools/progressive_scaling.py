@@ -1,0 +1,118 @@
+"""Progressive scaling in one command: train a stage, grow it into the next, train that, ... (docs/growth.md).
+
+    python tools/progressive_scaling.py PLAN.yml                 # run the plan here, or continue it
+    python tools/progressive_scaling.py PLAN.yml --dry-run       # stages, parameters, FLOPs, commands; runs nothing
+    python tools/progressive_scaling.py PLAN.yml --slurm [--sbatch-option=--partition=gpu ...]   # a job chain
+    python tools/progressive_scaling.py PLAN.yml --status [--slurm]
+
+PLAN.yml (configs/progressive/ has examples):
+
+    configs: [configs/demo.yml]            # config files every stage shares, merged left to right
+    work_dir: work_dirs/progressive_demo   # work_dir/NAME/: each stage's checkpoints, logs, stage file
+    stages:
+      - {name: s1, train_iters: 200}
+      - {name: s2, qkv_slot_num: 256, proj_slot_num: 256, ffn_slot_num: 1024, train_iters: 100}
+
+Every stage's config is checked as deepy.py checks it, and each stage against the one before as
+tools/grow_checkpoint.py checks a growth, before anything runs. Each stage trains with `deepy.py train.py`; the
+next one starts from its final checkpoint grown by tools/grow_checkpoint.py (--reset-iteration: iteration 0, a
+fresh warmup and schedule), scored first, so its metrics begin with the grown model's validation loss.
+Re-running the same command continues: done stages are skipped, a stage in progress resumes from its latest
+checkpoint, an interrupted growth is redone. work_dir/final points at the last stage's checkpoints at the end.
+Paths in the plan are relative to the current directory; run from the repository root for --slurm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from megatron.config import ConfigError
+from megatron.progressive.commands import REPO, shown
+from megatron.progressive.dry_run import stage_table, step_commands
+from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
+from megatron.progressive.plan import Plan, read_plan
+from megatron.progressive.processes import Interrupted, StepFailed
+from megatron.progressive.progress import FINISH, GROW, Step, pending_steps, retract_stale_final
+from megatron.progressive.slurm import submit_chain
+from megatron.progressive.stage_config import ResolvedStage, resolve_plan
+from megatron.progressive.stage_file import prepare_stage_files
+from megatron.progressive.status import status_lines
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("plan", type=Path, help="the plan file (YAML)")
+    parser.add_argument("--dry-run", action="store_true", help="print stages, costs and commands; run nothing")
+    parser.add_argument("--slurm", action="store_true", help="submit the plan as a chain of sbatch jobs")
+    parser.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
+                        help="an sbatch option for every job of the chain, after the driver's own (repeatable), "
+                        "e.g. --sbatch-option=--partition=gpu or --sbatch-option=--gpus-per-node=0 on a CPU cluster")
+    parser.add_argument("--status", action="store_true", help="one line per stage (and its jobs); run nothing")
+    parser.add_argument("--quiet", action="store_true", help="run locally without echoing each step's output")
+    parser.add_argument("--step", choices=(GROW, FINISH), help=argparse.SUPPRESS)  # a SLURM chain's step jobs
+    parser.add_argument("--stage", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.slurm and Path.cwd().resolve() != REPO:
+        parser.error(f"--slurm submits tools/slurm/*.sbatch, which run from the repository root: cd {REPO} first")
+    if args.step and not args.stage:
+        parser.error("--step needs --stage")
+    return args
+
+
+def _resolve(args: argparse.Namespace) -> tuple[Plan, list[ResolvedStage]]:
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout when it is imported
+        plan = read_plan(args.plan)
+        # --status and the chain's step jobs judge stages as SLURM jobs do: num_nodes × num_gpus processes
+        return plan, resolve_plan(plan, slurm=args.slurm or args.status or args.step is not None)
+
+
+def submit(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], args: argparse.Namespace) -> int:
+    hold_work_dir(plan)
+    prepare_stage_files(plan)
+    if not steps:
+        print(f"nothing to do: the plan is complete ({plan.final})")
+        return 0
+    retract_stale_final(plan, steps)
+    for job in submit_chain(plan, resolved, steps, args.sbatch_option):
+        print(f"submitted {job['stage']} {job['step']}: job {job['job']}")
+    print(f"follow it with: {shown([sys.executable, sys.argv[0], str(args.plan), '--status'])}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        plan, resolved = _resolve(args)
+        if args.step:
+            run_single_step(plan, resolved, args.step, args.stage)
+            return 0
+        if args.status:
+            print("\n".join(status_lines(plan, resolved)))
+            return 0
+        steps = pending_steps(plan, resolved)
+        if args.dry_run:
+            mode = "a SLURM job chain" if args.slurm else "this machine"
+            print(f"plan {plan.path}: {len(resolved)} stages in {plan.work_dir}, on {mode}\n")
+            print("\n".join(stage_table(resolved)))
+            print("\nsteps to do:" if steps else "\nnothing to do: the plan is complete")
+            print("\n".join(f"  {line}" for line in step_commands(plan, resolved, steps, args.slurm,
+                                                                  args.sbatch_option)))
+            return 0
+        if args.slurm:
+            return submit(plan, resolved, steps, args)
+        run_plan(plan, resolved, echo=not args.quiet)
+        return 0
+    except (ConfigError, StepFailed, OSError) as error:
+        print(f"progressive_scaling.py: error: {error}", file=sys.stderr)
+        return 1 if isinstance(error, StepFailed) else 2
+    except Interrupted as stop:
+        print(f"progressive_scaling.py: {stop}", file=sys.stderr)
+        return 128 + stop.number
+
+
+if __name__ == "__main__":
+    sys.exit(main())
