@@ -124,9 +124,11 @@ _MODEL = (
         "1 (export refuses it).", valid_range=POSITIVE),
     Key("pattention_impl", str, "flash", "model",
         "How every Pattention is computed (the same function and gradients, different memory and time; "
-        "docs/performance.md): flash keeps only its input and O(tokens) statistics for backward, visiting the "
-        "parameter tokens in tiles (Triton kernels on CUDA, PyTorch elsewhere); fused keeps one [tokens, n] "
-        "score matrix per Pattention; plain is the reference formula under autograd (about three).",
+        "docs/performance.md): flash keeps its input and O(tokens) statistics for backward (gelu_l2_norm and "
+        "softmax: also the output), visiting the parameter tokens in tiles (Triton kernels on CUDA, PyTorch "
+        "elsewhere) at the cost of recomputing the scores; fused keeps one [tokens, n] score matrix per "
+        "Pattention and is faster where memory does not limit the batch (on a CPU, always); plain is the "
+        "reference formula under autograd (about three score matrices).",
         choices=("plain", "fused", "flash")),
     Key("flash_backend", str, "auto", "model",
         "Tile kernels of pattention_impl=flash: auto (Triton on CUDA, PyTorch otherwise), pytorch, or triton "
