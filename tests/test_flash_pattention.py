@@ -13,6 +13,7 @@ from megatron.model.flash_pattention import flash_pattentions
 from megatron.model.pattention import fused_pattentions, pattention
 from megatron.model.pattention_layer import run_pattentions
 from tests.distributed import run_on_ranks
+from tests.pattention_checks import all_reduce_of, assert_zero_key_growth_is_bit_identical
 
 NORM_TYPES = ["l2_norm_gelu", "gelu_l2_norm", "softmax"]
 BACKENDS = ["pytorch", "triton"]
@@ -122,25 +123,7 @@ def test_zero_key_tokens_leave_the_old_tokens_outputs_and_gradients_bit_identica
     over whole tiles (the new tiles add exact zeros). Where a row reduction runs over a tile that growth
     lengthens with zeros (a ragged last tile, or the fused node's whole row), the library may sum it in
     another order and the last bits may move, for the plain formula too: test_grow_checkpoint allows that."""
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(4, 64, 64, generator=g)
-    keys = [torch.randn(tokens, 64, generator=g) * 0.1 for _ in range(3)]
-    values = [torch.randn(tokens, 64, generator=g) * 0.1 for _ in range(3)]
-    new_values = [torch.randn(grown - tokens, 64, generator=g) * 0.1 for _ in range(3)]
-    upstream = torch.randn(3, 4, 64, 64, generator=g)
-
-    def run(keys, values):
-        params = [t.clone().requires_grad_() for t in keys + values]
-        x_leaf = x.clone().requires_grad_()
-        out = flash_pattentions(x_leaf, params[:3], params[3:], norm_type, 1.0, [tokens] * 3)
-        (out * upstream).sum().backward()
-        return out.detach(), x_leaf.grad, [p.grad[:tokens] for p in params]
-
-    out, grad_x, grads = run(keys, values)
-    grown_out, grown_grad_x, grown_grads = run([torch.cat([k, torch.zeros_like(v)]) for k, v in zip(keys, new_values)],
-                                               [torch.cat([v, w]) for v, w in zip(values, new_values)])
-    assert torch.equal(grown_out, out) and torch.equal(grown_grad_x, grad_x)
-    assert all(torch.equal(a, b) for a, b in zip(grown_grads, grads))
+    assert_zero_key_growth_is_bit_identical(flash_pattentions, norm_type, tokens, grown)
 
 
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
@@ -190,14 +173,6 @@ def test_layer_implementations_agree():
 
 # --- Token blocks on real tensor-parallel ranks ---------------------------------------------------------
 
-def _reduce(op):
-    def reduce(t):
-        t = t.clone()
-        dist.all_reduce(t, op=op)
-        return t
-    return reduce
-
-
 def _blocks_on_rank(impl, backend, norm_type, world):
     """This rank's block of each of three Pattentions' tokens, statistics all-reduced over the ranks."""
     small_tiles(key_tile=4, rows=5)
@@ -207,7 +182,7 @@ def _blocks_on_rank(impl, backend, norm_type, world):
     x = x.requires_grad_()
     local = [t[block].clone().requires_grad_() for t in keys + values]
     partial = run_pattentions(impl, x, local[:3], local[3:], norm_type, 0.7, [24, 30, 17],
-                              _reduce(dist.ReduceOp.SUM), _reduce(dist.ReduceOp.MAX), backend)
+                              all_reduce_of(dist.ReduceOp.SUM), all_reduce_of(dist.ReduceOp.MAX), backend)
     (partial * output_weight(partial)).sum().backward()
     return partial.detach(), x.grad, [t.grad for t in local]
 

@@ -13,6 +13,7 @@ from megatron.model import TokenFormerArgs
 from megatron.model.attention import SelfAttention
 from megatron.model.pattention import fused_pattention, fused_pattentions, pattention
 from tests.distributed import run_on_ranks
+from tests.pattention_checks import all_reduce_of, assert_zero_key_growth_is_bit_identical
 
 NORM_TYPES = ["l2_norm_gelu", "gelu_l2_norm", "softmax"]
 
@@ -111,25 +112,7 @@ def test_zero_key_tokens_leave_the_old_tokens_outputs_and_gradients_bit_identica
     depended on n would move the first update after growth, which Adam's moments then amplify). At these
     sizes the BLAS sums the zero-padded reductions in the same order; at some larger ones it does not, for the
     plain formula too (test_grow_checkpoint allows that rounding)."""
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(4, 64, 64, generator=g)
-    keys = [torch.randn(tokens, 64, generator=g) * 0.1 for _ in range(3)]
-    values = [torch.randn(tokens, 64, generator=g) * 0.1 for _ in range(3)]
-    new_values = [torch.randn(grown - tokens, 64, generator=g) * 0.1 for _ in range(3)]
-    upstream = torch.randn(3, 4, 64, 64, generator=g)
-
-    def run(keys, values):
-        params = [t.clone().requires_grad_() for t in keys + values]
-        x_leaf = x.clone().requires_grad_()
-        out = fused_pattentions(x_leaf, params[:3], params[3:], norm_type, 1.0, [tokens] * 3)
-        (out * upstream).sum().backward()
-        return out.detach(), x_leaf.grad, [p.grad[:tokens] for p in params]
-
-    out, grad_x, grads_ = run(keys, values)
-    grown_out, grown_grad_x, grown_grads = run([torch.cat([k, torch.zeros_like(v)]) for k, v in zip(keys, new_values)],
-                                               [torch.cat([v, w]) for v, w in zip(values, new_values)])
-    assert torch.equal(grown_out, out) and torch.equal(grown_grad_x, grad_x)
-    assert all(torch.equal(a, b) for a, b in zip(grown_grads, grads_))
+    assert_zero_key_growth_is_bit_identical(fused_pattentions, norm_type, tokens, grown)
 
 
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
@@ -158,15 +141,7 @@ def _blocks_on_rank(norm_type):
     keys, values, counts = several()
     block = slice(rank * 12, (rank + 1) * 12)
     local = [t[block].clone().requires_grad_() for t in keys + values]
-
-    def reduce_sum(t):
-        dist.all_reduce(t)
-        return t
-
-    def reduce_max(t):
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t
-
+    reduce_sum, reduce_max = all_reduce_of(dist.ReduceOp.SUM), all_reduce_of(dist.ReduceOp.MAX)
     partial = fused_pattentions(x, local[:3], local[3:], norm_type, 0.7, counts, reduce_sum, reduce_max)
     (partial * output_weight(partial)).sum().backward()
     return partial.detach(), x.grad, [t.grad for t in local]

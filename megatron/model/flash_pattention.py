@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from megatron.model.args import FLASH_BACKENDS
-from megatron.model.pattention import ZERO_ROW_GUARD, Reduce, _at_least_fp32, _check_norm_type, _unchanged
+from megatron.model.pattention import ZERO_ROW_GUARD, Reduce, _at_least_fp32, _check_norm_type, _row_dot, _unchanged
 
 KEY_TILE = 512
 # Elements of one [rows, KEY_TILE] tile buffer: small enough that the few alive at once stay far below a
@@ -71,14 +71,6 @@ def _accumulate(target: Tensor, a: Tensor, b: Tensor) -> None:
         target.addmm_(a, b)
     else:
         target.add_(torch.mm(a, b))
-
-
-def _row_dot(a: Tensor, b: Tensor) -> Tensor:
-    """Σ a·b along the last dim in at least fp32, [rows, 1], a block of rows at a time (no [tokens, d] temporary)."""
-    out = torch.empty(len(a), 1, dtype=torch.promote_types(a.dtype, torch.float32), device=a.device)
-    for r in _row_blocks(len(a), a.device):
-        out[r, 0] = torch.linalg.vecdot(_at_least_fp32(a[r]), _at_least_fp32(b[r]))
-    return out
 
 
 def _gram(key: Tensor) -> Tensor:

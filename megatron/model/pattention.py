@@ -198,12 +198,13 @@ Reduce = Callable[[Tensor], Tensor]
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
-    """Σ a·b along the last dim, [..., 1], in at most 16 blocks of rows (of at least 2¹⁶ elements): the
-    elementwise product never takes a whole score-sized buffer, which would raise the node's peak memory."""
-    out = a.new_empty(*a.shape[:-1], 1)
+    """Σ a·b along the last dim in at least fp32, [..., 1], in at most 16 blocks of rows (of at least 2¹⁶
+    elements): the elementwise product (and a bf16/fp16 input's upcast) never takes a whole [rows, ·] buffer,
+    which would raise the peak memory."""
+    out = torch.empty(*a.shape[:-1], 1, dtype=torch.promote_types(a.dtype, torch.float32), device=a.device)
     rows = max(-(-a.shape[-2] // 16), 2**16 // a.shape[-1], 1)
     for a_rows, b_rows, out_rows in zip(a.split(rows, -2), b.split(rows, -2), out.split(rows, -2)):
-        torch.linalg.vecdot(a_rows, b_rows, out=out_rows.squeeze(-1))
+        torch.linalg.vecdot(_at_least_fp32(a_rows), _at_least_fp32(b_rows), out=out_rows.squeeze(-1))
     return out
 
 
