@@ -23,9 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def _fp32(a: Tensor) -> Tensor:
-    return a.to(torch.promote_types(a.dtype, torch.float32))
+from megatron.model.pattention import _at_least_fp32 as _fp32
 
 
 def _gelu_slope(grad: Tensor, at: Tensor) -> Tensor:
