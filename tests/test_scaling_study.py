@@ -1,6 +1,6 @@
 """The progressive-scaling study (benchmarks/incremental_scaling): its crossing arithmetic, its runs' plans and input
-checks, and one tiny end-to-end run through the driver (a two-stage path, the last stage from scratch, the first
-trained longer)."""
+checks, and one tiny end-to-end run through the driver (a two-stage path in each growth mode, the last stage from
+scratch, the first trained longer)."""
 
 from __future__ import annotations
 
@@ -57,9 +57,13 @@ def shared(directory, demo_data):
 
 def test_the_study_runs_are_valid_plans_and_the_control_has_the_paths_compute(demo_data, tmp_path):
     runs = write_runs(tmp_path, shared(tmp_path, demo_data), scale=1.0)
-    path, scratch, control = (runs[key].stages for key in ("progressive", "scratch", "control"))
+    path, official, scratch, control = (runs[key].stages for key in ("progressive", "official", "scratch", "control"))
     assert [entry.slots for entry in path] == ["128/128/512", "256/256/1024", "512/512/2048"]
     assert [entry.growth is None for entry in path] == [True, False, False]
+    assert [entry.config.growth_mode for entry in path] == ["preserve"] * 3
+    assert [entry.config.growth_mode for entry in official] == ["preserve", "official", "official"]
+    assert [entry.slots for entry in official] == [entry.slots for entry in path]
+    assert runs["official"].plan.work_dir != runs["progressive"].plan.work_dir
     assert scratch[0].slots == "512/512/2048" and scratch[0].config.train_iters == SCRATCH_ITERS
     assert scratch[0].config.warmup == path[0].config.warmup  # S1's schedule and seed, S3's size
     assert control[0].slots == "128/128/512"
@@ -99,18 +103,26 @@ def test_study_end_to_end_writes_table_plot_and_curves_on_the_shared_flops(demo_
 
     results = work / "results"
     table = (results / "table.md").read_text()
-    assert all(label in table for label in ("| S1 |", "| S2 (grown from S1) |", "| S1 → S2 (progressive) |",
-                                            "| S2 from scratch |", "| S1 trained longer |", "Prediction"))
-    assert last_line in table
+    assert all(label in table for label in (
+        "| S1 |", "| S2 (grown from S1, preserve) |", "| S2 (grown from S1, official) |",
+        "| S1 → S2 (progressive, preserve) |", "| S1 → S2 (progressive, official) |", "| S2 from scratch |",
+        "| S1 trained longer |", "Prediction"))
+    assert last_line in table and "(progressive, official)" in last_line
     assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "its first stage: a copy of" in result.stdout
 
     curves = json.loads((results / "curves.json").read_text())
-    first, second = curves["stages"]
+    first, second = curves["paths"]["preserve"]["stages"]
+    official_first, official_second = curves["paths"]["official"]["stages"]
     small = stage_cost(write_runs(tmp_path / "again", shared(tmp_path, demo_data), 1.0, plan)["progressive"]
                        .stages[0].config).flops_per_step
     assert first["iterations"] == [2, 4] and second["iterations"] == [0, 2]
     assert first["compute"] == pytest.approx([2 * small, 4 * small])
     # S2 starts at S1's total compute, with S1's last validation loss (growth keeps the function)
     assert second["compute"][0] == pytest.approx(4 * small) and second["loss"][0] == pytest.approx(first["loss"][-1])
-    assert curves["control"]["compute"][-1] == pytest.approx(curves["path"]["compute"][-1], rel=0.5)
+    # the official path shares S1 (a copy: the same curve) and grows it differently: fresh keys change the function
+    assert official_first["loss"] == first["loss"] and official_second["compute"] == second["compute"]
+    assert official_second["loss"][0] != pytest.approx(first["loss"][-1], abs=1e-4)
+    path = curves["paths"]["preserve"]["path"]
+    assert curves["control"]["compute"][-1] == pytest.approx(path["compute"][-1], rel=0.5)
     assert curves["scratch"]["iterations"][-1] == 6

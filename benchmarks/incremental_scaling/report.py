@@ -2,8 +2,8 @@
 
 table.md holds, in order: what the FLOPs formula predicted before anything ran (Pattention's share, what S1 and
 S2 cost, so what the grown S3 must do for the path to save half), the set-up (sizes, tokens per parameter), the
-result (compute to reach the large model's from-scratch loss), the growth checks, and the attribution against
-the small model trained longer. Its last line is the compute ratio.
+result (compute to reach the large model's from-scratch loss) for the path in each growth mode, the growth
+checks, and the attribution against the small model trained longer. Its last line is the compute ratio.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from benchmarks.incremental_scaling.comparison import Comparison, compute_to_reach
 from benchmarks.incremental_scaling.curves import Curve, joined, saved_config, validation_curve, validation_points
 from benchmarks.incremental_scaling.plot import plot_comparison
-from benchmarks.incremental_scaling.runs import Run
+from benchmarks.incremental_scaling.runs import GROWTH_MODES, Run
 from megatron.config import Config
 from megatron.progressive.costs import StageCost, stage_cost
 
@@ -35,8 +35,15 @@ def run_curves(run: Run, labels: list[str]) -> tuple[list[Curve], list[Config]]:
 
 
 def stage_labels(run: Run) -> list[str]:
-    names = [entry.stage.name.upper() for entry in run.stages]
-    return [names[0], *(f"{name} (grown from {before})" for before, name in zip(names, names[1:]))]
+    names, mode = [entry.stage.name.upper() for entry in run.stages], GROWTH_MODES[run.key]
+    return [names[0], *(f"{name} (grown from {before}, {mode})" for before, name in zip(names, names[1:]))]
+
+
+def path_curves(run: Run) -> tuple[list[Curve], list[Config], Curve]:
+    """A progressive run's stages, their configs, and the whole path as one curve."""
+    stages, configs = run_curves(run, stage_labels(run))
+    label = " → ".join(curve.label.split()[0] for curve in stages) + f" (progressive, {GROWTH_MODES[run.key]})"
+    return stages, configs, joined(label, stages)
 
 
 def prediction(runs: dict[str, Run]) -> list[str]:
@@ -83,16 +90,16 @@ def growth_checks(stages: list[Curve]) -> list[str]:
 
 
 def attribution(comparison: Comparison, stages: list[Curve], path: Curve, control: Curve) -> str:
-    """How the path's result splits into what a small model trained longer gets anyway and what growing adds."""
+    """How a path's result splits into what a small model trained longer gets anyway and what growing adds."""
     reached_path, reached_control = comparison.fraction(path), comparison.fraction(control)
     before_last = stages[-1].compute[0] / comparison.reference.total_compute
     if reached_path is None:
-        return (f"The path does not reach the target (the stages before the last cost {before_last:.3f} of the "
+        return (f"{path.label} does not reach the target (the stages before the last cost {before_last:.3f} of the "
                 "from-scratch compute).")
     reached = compute_to_reach(path, comparison.target)
     during = next(stage for stage in stages if reached <= stage.total_compute).label.split()[0]
-    text = (f"The path reaches the target during {during}, at {reached_path:.3f} of the from-scratch compute (the "
-            f"stages before the last cost {before_last:.3f} of it)")
+    text = (f"{path.label} reaches the target during {during}, at {reached_path:.3f} of the from-scratch compute "
+            f"(the stages before the last cost {before_last:.3f} of it)")
     if reached_control is None:
         return text + ("; the small model trained on as much compute never does, so the saving is growth's, not "
                        "a small model's.")
@@ -106,21 +113,26 @@ def attribution(comparison: Comparison, stages: list[Curve], path: Curve, contro
 def write_report(runs: dict[str, Run], results: Path, header: list[str]) -> str:
     """Write curves.json, table.md and scaling.png into `results`; returns the table text, whose last line is
     the compute ratio."""
-    stages, stage_configs = run_curves(runs["progressive"], stage_labels(runs["progressive"]))
+    paths = {key: path_curves(runs[key]) for key in GROWTH_MODES}
+    stages, stage_configs, _ = paths["progressive"]
     (scratch,), (scratch_config,) = run_curves(runs["scratch"], [f"{stages[-1].label.split()[0]} from scratch"])
     (control,), (control_config,) = run_curves(runs["control"], [f"{stages[0].label} trained longer"])
-    path = joined(" → ".join(curve.label.split()[0] for curve in stages) + " (progressive)", stages)
-    comparison = Comparison(scratch, (path, control))
-    curves = {"stages": [curve.to_dict() for curve in stages], "path": path.to_dict(), "scratch": scratch.to_dict(),
-              "control": control.to_dict(), "target": comparison.target,
-              "reached": {curve.label: compute_to_reach(curve, comparison.target) for curve in (path, control)}}
+    comparison = Comparison(scratch, (*(path for _, _, path in paths.values()), control))
+    curves = {"paths": {GROWTH_MODES[key]: {"stages": [curve.to_dict() for curve in path_stages],
+                                            "path": path.to_dict()} for key, (path_stages, _, path) in paths.items()},
+              "scratch": scratch.to_dict(), "control": control.to_dict(), "target": comparison.target,
+              "reached": {curve.label: compute_to_reach(curve, comparison.target) for curve in comparison.runs}}
     results.mkdir(parents=True, exist_ok=True)
     (results / "curves.json").write_text(json.dumps(curves, indent=1) + "\n", encoding="utf-8")
-    plot_comparison(comparison, stages, control, results / "scaling.png")
+    plot_comparison(comparison, [path_stages for path_stages, _, _ in paths.values()], control,
+                    results / "scaling.png")
+    official_stages = paths["official"][0]
+    setup = setup_table([*stages, *official_stages[1:], scratch, control],
+                        [*stage_configs, *paths["official"][1][1:], scratch_config, control_config])
+    checks = [*growth_checks(stages), *growth_checks(official_stages)]
     text = "\n\n".join(["\n".join(header), "Prediction (megatron/model/flops.py, before the runs): "
-                        + " ".join(prediction(runs)),
-                        setup_table([*stages, scratch, control], [*stage_configs, scratch_config, control_config]),
-                        comparison.table(), "\n".join(growth_checks(stages)),
-                        attribution(comparison, stages, path, control), comparison.ratio_line()])
+                        + " ".join(prediction(runs)), setup, comparison.table(), "\n".join(checks),
+                        *(attribution(comparison, path_stages, path, control)
+                          for path_stages, _, path in paths.values()), comparison.ratio_line()])
     (results / "table.md").write_text(text + "\n", encoding="utf-8")
     return text

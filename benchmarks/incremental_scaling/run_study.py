@@ -6,8 +6,9 @@
         [--scale F] [--fresh]
 
 Runs, each a plan for tools/progressive_scaling.py's driver (runs.py): the progressive path S1 -> S2 -> S3
-(configs/plan.yml: each stage 2x the parameter tokens of the one before), S3 from scratch, and S1 trained longer
-on the path's compute (the control). All share configs/common.yml (a shape where Pattention is most of the
+(configs/plan.yml: each stage 2x the parameter tokens of the one before) in growth mode preserve, the same path in
+growth mode official (from the same S1), S3 from scratch, and S1 trained longer on the path's compute (the
+control). All share configs/common.yml (a shape where Pattention is most of the
 FLOPs) and the corpus: by default data_prep/debian_docs.py's, built first if missing (the documentation Debian
 packages ship here, ~24x the demo corpus). Before anything trains, every run's config is checked and the FLOPs
 formula's prediction printed; then the runs, then WORK_DIR/results/: curves.json, table.md, scaling.png. The
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.incremental_scaling.runs import SCRATCH_ITERS, TEMPLATE, Run, write_runs
+from benchmarks.incremental_scaling.runs import SCRATCH_ITERS, TEMPLATE, Run, share_first_stage, write_runs
 from megatron.config import ConfigError
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.progressive.commands import REPO
@@ -122,7 +123,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Run]:
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError("matplotlib is not installed: .venv/bin/pip install -r requirements/requirements-bench.txt")
     if args.fresh:
-        for name in ("plans", "progressive", "scratch", "control", "results"):
+        for name in ("plans", "progressive", "progressive_official", "scratch", "control", "results"):
             shutil.rmtree(args.work_dir / name, ignore_errors=True)
     prefix, vocab = corpus(args)
     runs = write_runs(args.work_dir, write_shared(args, prefix, vocab), args.scale, args.plan, args.scratch_iters)
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, run in runs.items():
             began = time.perf_counter()
             print(f"--- {key}: {run.plan.path}", flush=True)
+            if key == "official" and share_first_stage(runs["progressive"], run):
+                print(f"its first stage: a copy of {runs['progressive'].plan.work_dir}'s", flush=True)
             run_plan(run.plan, run.stages, echo=False)
             seconds[key] = time.perf_counter() - began
     except (StepFailed, ConfigError) as error:

@@ -1,6 +1,9 @@
-"""The study's three runs, written as plans for tools/progressive_scaling.py's driver under WORK_DIR/plans/:
+"""The study's four runs, written as plans for tools/progressive_scaling.py's driver under WORK_DIR/plans/:
 
-- progressive.yml: configs/plan.yml, S1 -> S2 -> S3;
+- progressive.yml: configs/plan.yml, S1 -> S2 -> S3 (its growth mode: preserve, the default);
+- progressive_official.yml: the same path with growth_mode official in every grown stage (new keys and values
+  from the init, the norm over the new token count, a fresh optimizer, as the official code grows); it starts
+  from a copy of the first path's finished S1 (share_first_stage), so the two paths differ in growth alone;
 - scratch.yml: S3 from scratch, one stage with S1's keys (seed, schedule: it reads S1's batches, then more) and
   S3's parameter tokens, SCRATCH_ITERS steps;
 - control.yml: S1 trained longer, one stage with S1's keys for as many steps as give it the progressive path's
@@ -14,6 +17,7 @@ finished before is not run again.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +27,13 @@ import yaml
 from megatron.growth.plan import SLOT_KEYS
 from megatron.progressive.costs import stage_cost
 from megatron.progressive.plan import Plan, read_plan
+from megatron.progressive.progress import checkpoint_iteration
 from megatron.progressive.stage_config import ResolvedStage, resolve_plan
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 TEMPLATE = CONFIGS / "plan.yml"
 SCRATCH_ITERS = 400
+GROWTH_MODES = {"progressive": "preserve", "official": "official"}  # run key -> growth mode of its grown stages
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ def _run(key: str, path: Path) -> Run:
 
 def write_runs(work_dir: Path, shared: Path, scale: float, template: Path = TEMPLATE,
                scratch_iters: int = SCRATCH_ITERS) -> dict[str, Run]:
-    """The three runs' plans, written under work_dir/plans/ and resolved; `shared` is merged after the template's
+    """The four runs' plans, written under work_dir/plans/ and resolved; `shared` is merged after the template's
     configs (the corpus, the port). PlanError for anything a run would refuse."""
     path_plan = read_plan(template)
     unsized = [stage for stage in path_plan.stages if "train_iters" not in stage.settings]
@@ -76,6 +82,9 @@ def write_runs(work_dir: Path, shared: Path, scale: float, template: Path = TEMP
     plans = work_dir / "plans"
     runs = {"progressive": _run("progressive", _write(plans / "progressive.yml", configs, work_dir / "progressive",
                                                       stages))}
+    official = [stages[0], *({**stage, "growth_mode": "official"} for stage in stages[1:])]
+    runs["official"] = _run("official", _write(plans / "progressive_official.yml", configs,
+                                               work_dir / "progressive_official", official))
     scratch = {**first, **{key: last[key] for key in SLOT_KEYS if key in last}, "name": f"{last['name']}_scratch",
                "train_iters": scaled(scratch_iters, scale)}
     runs["scratch"] = _run("scratch", _write(plans / "scratch.yml", configs, work_dir / "scratch", [scratch]))
@@ -88,3 +97,19 @@ def write_runs(work_dir: Path, shared: Path, scale: float, template: Path = TEMP
                "train_iters": round(runs["progressive"].compute / small_step)}
     runs["control"] = _run("control", _write(plans / "control.yml", configs, work_dir / "control", [control]))
     return runs
+
+
+def share_first_stage(source: Run, target: Run) -> bool:
+    """Give `target` a copy of `source`'s finished first stage (the same stage: same keys, seed and data) unless it
+    has one: the two paths then differ from the first growth on only. False if there is nothing to copy."""
+    first, own = source.stages[0], target.stages[0]
+    if first.stage.settings != own.stage.settings:
+        raise ValueError(f"{target.plan.path}: its first stage differs from {source.plan.path}'s; it cannot be shared")
+    destination = target.plan.directory(own.stage)
+    if destination.exists() or checkpoint_iteration(source.plan.checkpoints(first.stage)) != first.config.train_iters:
+        return False
+    temporary = destination.with_name(destination.name + ".copying")
+    shutil.rmtree(temporary, ignore_errors=True)
+    shutil.copytree(source.plan.directory(first.stage), temporary)
+    temporary.rename(destination)
+    return True
