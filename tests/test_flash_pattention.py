@@ -11,7 +11,7 @@ import megatron.model.flash_pattention as flash
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
 from megatron.model.flash_pattention import flash_pattentions
 from megatron.model.pattention import fused_pattentions, pattention
-from megatron.model.pattention_layer import run_pattentions
+from megatron.model.pattention_layer import pattentions_function
 from tests.distributed import run_on_ranks
 from tests.pattention_checks import all_reduce_of, assert_zero_key_growth_is_bit_identical
 
@@ -161,14 +161,14 @@ def test_peak_memory_at_most_three_tenths_of_the_fused_node_at_n_4d(norm_type):
 
 
 def test_layer_implementations_agree():
-    """The layer's `run_pattentions` dispatches: plain, fused and flash give the same values."""
+    """The layer's `pattentions_function` dispatches: plain, fused and flash give the same values."""
     x, keys, values = inputs(count=2)
-    outs = [run_pattentions(impl, x, keys, values, "l2_norm_gelu", 1.0, [29, 29])
+    outs = [pattentions_function(impl)(x, keys, values, "l2_norm_gelu", 1.0, [29, 29])
             for impl in ("plain", "fused", "flash")]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(outs[2], outs[0], rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="pattention_impl='fast'"):
-        run_pattentions("fast", x, keys, values, "l2_norm_gelu", 1.0, [29, 29])
+        pattentions_function("fast")
 
 
 # --- Token blocks on real tensor-parallel ranks ---------------------------------------------------------
@@ -181,8 +181,8 @@ def _blocks_on_rank(impl, backend, norm_type, world):
     block = slice(rank * 24 // world, (rank + 1) * 24 // world)
     x = x.requires_grad_()
     local = [t[block].clone().requires_grad_() for t in keys + values]
-    partial = run_pattentions(impl, x, local[:3], local[3:], norm_type, 0.7, [24, 30, 17],
-                              all_reduce_of(dist.ReduceOp.SUM), all_reduce_of(dist.ReduceOp.MAX), backend)
+    partial = pattentions_function(impl, backend)(x, local[:3], local[3:], norm_type, 0.7, [24, 30, 17],
+                                                  all_reduce_of(dist.ReduceOp.SUM), all_reduce_of(dist.ReduceOp.MAX))
     (partial * output_weight(partial)).sum().backward()
     return partial.detach(), x.grad, [t.grad for t in local]
 

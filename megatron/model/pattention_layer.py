@@ -8,7 +8,8 @@ All three take the same arguments, including the reductions tensor parallelism p
 statistics (parallel_pattention.py), and compute the same values and gradients.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -19,29 +20,15 @@ from megatron.model.init_methods import InitRole
 from megatron.model.pattention import Reduce, _check_norm_type, _unchanged, fused_pattentions, plain_pattentions
 
 
-def run_pattentions(
-    impl: str,
-    x: Tensor,
-    key_tokens: Sequence[Tensor],
-    value_tokens: Sequence[Tensor],
-    norm_type: str,
-    tau: float,
-    norm_token_counts: Sequence[int | Tensor],
-    reduce_sum: Reduce = _unchanged,
-    reduce_max: Reduce = _unchanged,
-    flash_backend: str = "auto",
-) -> Tensor:
-    """Several Pattentions of one input x [..., d_in] -> [B, ..., d_out] by implementation `impl`."""
+def pattentions_function(impl: str, flash_backend: str = "auto") -> Callable[..., Tensor]:
+    """The function computing several Pattentions of one input by implementation `impl`: called as
+    f(x, key_tokens, value_tokens, norm_type, tau, norm_token_counts, reduce_sum, reduce_max) -> [B, ..., d_out]."""
     if impl == "flash":
-        return flash_pattentions(x, key_tokens, value_tokens, norm_type, tau, norm_token_counts, reduce_sum,
-                                 reduce_max, flash_backend)
-    if impl == "fused":
-        return fused_pattentions(x, key_tokens, value_tokens, norm_type, tau, norm_token_counts, reduce_sum,
-                                 reduce_max)
-    if impl == "plain":
-        return plain_pattentions(x, key_tokens, value_tokens, norm_type, tau, norm_token_counts, reduce_sum,
-                                 reduce_max)
-    raise ValueError(f"pattention_impl={impl!r}: must be one of {PATTENTION_IMPLS}")
+        return partial(flash_pattentions, backend=flash_backend)
+    implementations = {"fused": fused_pattentions, "plain": plain_pattentions}
+    if impl not in implementations:
+        raise ValueError(f"pattention_impl={impl!r}: must be one of {PATTENTION_IMPLS}")
+    return implementations[impl]
 
 
 class Pattention(nn.Module):
@@ -88,9 +75,9 @@ class Pattention(nn.Module):
     def run(self, layers: Sequence["Pattention"], x: Tensor, reduce_sum: Reduce = _unchanged,
             reduce_max: Reduce = _unchanged) -> Tensor:
         """`layers` (this one's settings; equal shapes) on the same input x: [len(layers), ..., d_out]."""
-        return run_pattentions(self.impl, x, [p.key_param_tokens for p in layers],
-                               [p.value_param_tokens for p in layers], self.norm_type, self.tau,
-                               [p.norm_token_count for p in layers], reduce_sum, reduce_max, self.flash_backend)
+        compute = pattentions_function(self.impl, self.flash_backend)
+        return compute(x, [p.key_param_tokens for p in layers], [p.value_param_tokens for p in layers], self.norm_type,
+                       self.tau, [p.norm_token_count for p in layers], reduce_sum, reduce_max)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.run([self], x).squeeze(0)
