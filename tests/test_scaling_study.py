@@ -106,7 +106,7 @@ def test_study_end_to_end_writes_table_plot_and_curves_on_the_shared_flops(demo_
     assert all(label in table for label in (
         "| S1 |", "| S2 (grown from S1, preserve) |", "| S2 (grown from S1, official) |",
         "| S1 → S2 (progressive, preserve) |", "| S1 → S2 (progressive, official) |", "| S2 from scratch |",
-        "| S1 trained longer |", "Prediction"))
+        "| S1 trained longer |", "Prediction", "Growth modes at equal compute"))
     assert last_line in table and "(progressive, official)" in last_line
     assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "its first stage: a copy of" in result.stdout

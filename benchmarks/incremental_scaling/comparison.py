@@ -52,8 +52,8 @@ class Comparison:
             if reached is None:
                 reach, fraction = f"not reached (ends {curve.final_loss - self.target:+.4f} above)", "—"
             else:
-                reach, fraction = _flops(reached), f"{reached / self.reference.total_compute:.3f}"
-            rows.append(f"| {curve.label} | {curve.final_loss:.4f} | {_flops(curve.total_compute)} | {reach} | "
+                reach, fraction = tflop_text(reached), f"{reached / self.reference.total_compute:.3f}"
+            rows.append(f"| {curve.label} | {curve.final_loss:.4f} | {tflop_text(curve.total_compute)} | {reach} | "
                         f"{fraction} |")
         return "\n".join(rows)
 
@@ -69,5 +69,5 @@ class Comparison:
                 "compute): " + ", ".join(parts))
 
 
-def _flops(value: float) -> str:
+def tflop_text(value: float) -> str:
     return f"{value / 1e12:.2f} TFLOP"

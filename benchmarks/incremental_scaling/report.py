@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.incremental_scaling.comparison import Comparison, compute_to_reach
+from benchmarks.incremental_scaling.comparison import Comparison, compute_to_reach, tflop_text
 from benchmarks.incremental_scaling.curves import Curve, joined, saved_config, validation_curve, validation_points
 from benchmarks.incremental_scaling.plot import plot_comparison
 from benchmarks.incremental_scaling.runs import GROWTH_MODES, Run
@@ -110,6 +110,15 @@ def attribution(comparison: Comparison, stages: list[Curve], path: Curve, contro
                    f"{reached_control - reached_path:.3f} of the from-scratch compute beyond training it longer.")
 
 
+def modes_line(preserve: Curve, official: Curve) -> str:
+    """The two growth modes against each other: same stages, same compute, same first stage."""
+    gap = official.final_loss - preserve.final_loss
+    better = "preserve" if gap > 0 else "official" if gap < 0 else "neither"
+    return (f"Growth modes at equal compute ({tflop_text(preserve.total_compute)} each, the same first stage): "
+            f"preserve ends at {preserve.final_loss:.4f}, official at {official.final_loss:.4f} ({gap:+.4f}; lower: "
+            f"{better}).")
+
+
 def write_report(runs: dict[str, Run], results: Path, header: list[str]) -> str:
     """Write curves.json, table.md and scaling.png into `results`; returns the table text, whose last line is
     the compute ratio."""
@@ -133,6 +142,7 @@ def write_report(runs: dict[str, Run], results: Path, header: list[str]) -> str:
     text = "\n\n".join(["\n".join(header), "Prediction (megatron/model/flops.py, before the runs): "
                         + " ".join(prediction(runs)), setup, comparison.table(), "\n".join(checks),
                         *(attribution(comparison, path_stages, path, control)
-                          for path_stages, _, path in paths.values()), comparison.ratio_line()])
+                          for path_stages, _, path in paths.values()),
+                        modes_line(paths["progressive"][2], paths["official"][2]), comparison.ratio_line()])
     (results / "table.md").write_text(text + "\n", encoding="utf-8")
     return text
