@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from megatron.checkpoint.weight_files import write_weights
@@ -27,6 +28,8 @@ from megatron.inference.generation import generate
 from megatron.inference.sampling import SamplingParams
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer.fast_conversion import from_sentencepiece
+from megatron.tokenizer.train import train_byte_level_bpe, train_sentencepiece
 from megatron.training.pretrain import Trainer
 from tests.distributed import run_on_ranks
 from tests.inference_fixtures import PROBE, TINY
@@ -171,6 +174,56 @@ def test_kv_cache_generation_matches_the_framework_greedy_sampled_and_beams(tmp_
         assert torch.equal(runs[0], runs[1]) and runs[0].shape == (2, 7 + 24)
     generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert generation["suppress_tokens"] == list(range(257, PADDED_VOCAB))  # padded rows, as generate.py
+
+
+TOKENIZER_TEXTS = ["The quick brown fox jumps over the lazy dog.", "  two  spaces,\ttabs\nand lines\n\n",
+                   "Ünïcödé ✓, Ελληνικά and emoji 🙂", "def add(a, b):\n    return a + b  # 42\n", "3.14159 in 2026"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_runs(tmp_path_factory) -> dict[str, dict]:
+    """Config keys of runs whose tokenizers are GPT-2 BPE files and SentencePiece models (unigram, BPE), each
+    trained here on the texts above, small enough for the test model's 384 embedding rows."""
+    directory = tmp_path_factory.mktemp("tokenizers")
+    documents = TOKENIZER_TEXTS * 20
+    train_byte_level_bpe(documents, 300, str(directory / "bpe.json"))
+    vocab, merges = Tokenizer.from_file(str(directory / "bpe.json")).model.save(str(directory))
+    runs = {"GPT2BPETokenizer": {"tokenizer_type": "GPT2BPETokenizer", "vocab_file": vocab, "merge_file": merges}}
+    for model_type in ("unigram", "bpe"):
+        path = directory / f"spm_{model_type}.model"
+        train_sentencepiece(documents, 320, model_type, str(path))
+        runs[f"SPMTokenizer-{model_type}"] = {"tokenizer_type": "SPMTokenizer", "vocab_file": str(path)}
+    return runs
+
+
+@pytest.mark.parametrize("kind", ["GPT2BPETokenizer", "SPMTokenizer-unigram", "SPMTokenizer-bpe"])
+def test_gpt2_bpe_and_sentencepiece_runs_export_a_tokenizer_encoding_as_theirs(kind, tokenizer_runs, tmp_path, capsys):
+    settings = tokenizer_runs[kind]
+    _, export = random_export(tmp_path, {**VARIANTS["l2_norm_gelu-rotary-tied"], **settings})
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    assert "converted to tokenizer.json" in capsys.readouterr().out
+    ours = build_tokenizer(settings["tokenizer_type"], settings["vocab_file"], settings.get("merge_file"))
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True, local_files_only=True)
+    assert theirs.eos_token_id == ours.eod and theirs.pad_token_id == ours.pad
+    for text in [*TOKENIZER_TEXTS, "unseen: ß∂ƒ, русский, 日本語 🚀\n"]:
+        ids = ours.tokenize(text)
+        assert theirs(text)["input_ids"] == ids
+        assert theirs.decode(ids) == ours.detokenize(ids)
+
+
+def test_a_converted_tokenizer_that_encodes_otherwise_is_not_written(tokenizer_runs, tmp_path, capsys, monkeypatch):
+    """The check, not the converter, decides: a unigram run given the BPE model's conversion writes no tokenizer
+    and says where the two differ."""
+    import megatron.hf.export as export_module
+
+    other = tokenizer_runs["SPMTokenizer-bpe"]["vocab_file"]
+    monkeypatch.setattr(export_module, "fast_tokenizer", lambda tokenizer: from_sentencepiece(other))
+    _, export = random_export(tmp_path, {**VARIANTS["l2_norm_gelu-rotary-tied"],
+                                         **tokenizer_runs["SPMTokenizer-unigram"]})
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    output = capsys.readouterr().out
+    assert "no tokenizer files written: encoding" in output and "differs at token" in output
+    assert not (tmp_path / "hf" / "tokenizer.json").exists() and (tmp_path / "hf" / "config.json").is_file()
 
 
 @pytest.mark.parametrize("architecture", [RELEASED, VARIANT], ids=["released", "untied-learned-gelu_l2_norm"])

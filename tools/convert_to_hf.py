@@ -8,8 +8,9 @@
 CHECKPOINT is anything load_model reads: a save directory or global_stepN of any tensor/pipeline layout, an
 export, or the release's pytorch_model.bin (with --config). OUTPUT_DIR (new or empty) then holds config.json,
 model.safetensors (sharded above --max-shard-size, with model.safetensors.index.json), generation_config.json,
-configuration_tokenformer.py and modeling_tokenformer.py (loaded with trust_remote_code=True) and, when the run's
-tokenizer is a tokenizer.json, tokenizer.json and tokenizer_config.json:
+configuration_tokenformer.py and modeling_tokenformer.py (loaded with trust_remote_code=True) and tokenizer.json
+with tokenizer_config.json: the run's own (HFTokenizer), or its GPT-2 BPE or SentencePiece files converted to
+one that encodes and decodes a check text as the run's tokenizer does (else none, and the output says why):
 
     model = AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(OUT, trust_remote_code=True)  # it reads config.json too

@@ -7,7 +7,9 @@ tools/convert_from_hf.py). Needs no `transformers`: the directory is files writt
     DIR/model.safetensors                fp32 weights (above --max-shard-size: model-0000i-of-0000N.safetensors
                                          and model.safetensors.index.json)
     DIR/generation_config.json           end-of-document token as eos; padded vocabulary rows suppressed
-    DIR/tokenizer.json, tokenizer_config.json   when the run's tokenizer is an HFTokenizer (tokenizer.json)
+    DIR/tokenizer.json, tokenizer_config.json   the run's tokenizer.json (HFTokenizer), or a GPT-2 BPE or
+                                         SentencePiece tokenizer converted to one (megatron/tokenizer/
+                                         fast_conversion.py) when it encodes a check text as the run's does
 
 Names: every entry of this framework's state dict gains the prefix `model.`, except `final_linear.weight`
 (untied output), which is `lm_head.weight`; a tied output has no entry of its own (transformers ties
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 from torch import Tensor
 
 from megatron.checkpoint.output_directory import require_new_or_empty
@@ -33,6 +36,7 @@ from megatron.checkpoint.weight_files import CONFIG_NAME, read_weights, weights_
 from megatron.config import Config
 from megatron.model import TokenFormerArgs
 from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer.fast_conversion import fast_tokenizer, verified
 
 HERE = Path(__file__).resolve().parent
 CODE_FILES = ("configuration_tokenformer.py", "modeling_tokenformer.py")
@@ -114,7 +118,8 @@ class RunTokenizer:
     vocab_size: int
     eod: int
     pad: int
-    tokenizer_json: Path | None  # the run's tokenizer.json, when it is an HFTokenizer
+    fast: Tokenizer | None  # its tokenizer.json form, checked to encode as the run's tokenizer; None: none written
+    tokenizer_json: Path | None = None  # the run's own tokenizer.json (HFTokenizer): copied as it is
 
 
 def run_tokenizer(cfg: Config, padded_vocab_size: int) -> tuple[RunTokenizer | None, str]:
@@ -126,12 +131,20 @@ def run_tokenizer(cfg: Config, padded_vocab_size: int) -> tuple[RunTokenizer | N
     if tokenizer.vocab_size > padded_vocab_size:
         return None, (f"no tokenizer written: {cfg.tokenizer_type} has {tokenizer.vocab_size} tokens, more than the "
                       f"model's {padded_vocab_size} embedding rows")
+    ids = f"eos = end-of-document id {tokenizer.eod}"
+    try:
+        fast = fast_tokenizer(tokenizer)
+        problem = verified(tokenizer, fast)
+    except (OSError, ValueError) as error:
+        fast, problem = None, str(error)
+    if problem is not None:
+        return (RunTokenizer(tokenizer.vocab_size, tokenizer.eod, tokenizer.pad, None),
+                f"no tokenizer files written: {problem}; the model works without them ({ids})")
     is_json = cfg.tokenizer_type == "HFTokenizer"
-    info = RunTokenizer(tokenizer.vocab_size, tokenizer.eod, tokenizer.pad, Path(cfg.vocab_file) if is_json else None)
-    if is_json:
-        return info, f"tokenizer: {cfg.vocab_file} (eos = end-of-document id {info.eod})"
-    return info, (f"tokenizer: {cfg.tokenizer_type} is not a tokenizer.json, so no tokenizer files are written; "
-                  f"eos = end-of-document id {info.eod}")
+    info = RunTokenizer(tokenizer.vocab_size, tokenizer.eod, tokenizer.pad, fast,
+                        Path(cfg.vocab_file) if is_json else None)
+    how = "copied" if is_json else "converted to tokenizer.json; it encodes and decodes a check text as the run's does"
+    return info, f"tokenizer: {cfg.tokenizer_type} {cfg.vocab_file} ({how}; {ids})"
 
 
 def hf_config(args: TokenFormerArgs, counts: list[dict[str, int]], tokenizer: RunTokenizer | None) -> dict:
@@ -184,12 +197,13 @@ def generation_config(padded_vocab_size: int, tokenizer: RunTokenizer | None) ->
 
 
 def _tokenizer_files(tokenizer: RunTokenizer, directory: Path, max_length: int) -> None:
-    """tokenizer.json (copied) and a tokenizer_config.json AutoTokenizer reads offline."""
-    from tokenizers import Tokenizer
-
-    shutil.copyfile(tokenizer.tokenizer_json, directory / "tokenizer.json")
-    vocabulary = Tokenizer.from_file(str(tokenizer.tokenizer_json))
-    eod, pad = vocabulary.id_to_token(tokenizer.eod), vocabulary.id_to_token(tokenizer.pad)
+    """tokenizer.json (the run's, copied, or its converted form) and a tokenizer_config.json AutoTokenizer
+    reads offline."""
+    if tokenizer.tokenizer_json is not None:
+        shutil.copyfile(tokenizer.tokenizer_json, directory / "tokenizer.json")
+    else:
+        tokenizer.fast.save(str(directory / "tokenizer.json"))
+    eod, pad = tokenizer.fast.id_to_token(tokenizer.eod), tokenizer.fast.id_to_token(tokenizer.pad)
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eod, "eos_token": eod, "unk_token": eod,
                 "pad_token": pad, "model_max_length": max_length, "add_bos_token": False, "add_eos_token": False,
                 "clean_up_tokenization_spaces": False}
@@ -219,7 +233,7 @@ def write_hf_directory(state: dict[str, Tensor], cfg: Config, out: str | Path, m
         weights = write_safetensors_shards(to_hf_state(state), partial, max_shard_bytes)
         for name in CODE_FILES:
             shutil.copyfile(HERE / name, partial / name)
-        if tokenizer is not None and tokenizer.tokenizer_json is not None:
+        if tokenizer is not None and tokenizer.fast is not None:
             _tokenizer_files(tokenizer, partial, args.max_position_embeddings)
         if out.exists():
             out.rmdir()  # empty (checked above): the rename needs the name free

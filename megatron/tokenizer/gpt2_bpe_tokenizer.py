@@ -34,6 +34,11 @@ class GPT2BPETokenizer(AbstractTokenizer):
         self._eod = eod
 
     @property
+    def backend(self) -> Tokenizer:
+        """The `tokenizers.Tokenizer` doing the work (what a tokenizer.json holds)."""
+        return self._tokenizer
+
+    @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size()
 

@@ -26,6 +26,11 @@ class HFTokenizer(AbstractTokenizer):
         self._pad = eod if pad is None else pad
 
     @property
+    def backend(self) -> Tokenizer:
+        """The `tokenizers.Tokenizer` doing the work (what a tokenizer.json holds)."""
+        return self._tokenizer
+
+    @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 

@@ -13,6 +13,7 @@ class SPMTokenizer(AbstractTokenizer):
     """eod is the ``<|endoftext|>`` piece if the model has one, else its eos; pad is its pad, else eod."""
 
     def __init__(self, vocab_file: str):
+        self.model_file = vocab_file
         self._processor = sentencepiece.SentencePieceProcessor()
         try:
             self._processor.load(vocab_file)
