@@ -1,7 +1,8 @@
 """deepy.py refuses, before any process starts, what the ranks would fail on 15-20 s later (issue 21): a busy
-master_port, a vocab_file that is not a tokenizer, and a checkpoint in `load` that does not fit the run
-(another tensor-parallel size, ZeRO state of another data-parallel size, another architecture read from the
-pipeline's layer files, missing files). Each is one message and exit code 2, with no process launched."""
+master_port, a vocab_file that is not a tokenizer, a split that gives training no documents, and a checkpoint
+in `load` that does not fit the run (another tensor-parallel size, ZeRO state of another data-parallel size,
+another architecture read from the pipeline's layer files, missing files). Each is one message and exit code 2,
+with no process launched."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def test_a_vocab_file_that_is_not_a_tokenizer_is_named(demo_data, tmp_path):
     (tmp_path / "notes.txt").write_text("not a tokenizer\n")
     message = refused(demo_data, f"vocab_file={tmp_path / 'notes.txt'}", f"master_port={free_port()}")
     assert f"vocab_file = '{tmp_path / 'notes.txt'}' cannot be read as a HFTokenizer tokenizer" in message
+
+
+def test_a_split_that_gives_training_no_documents_is_named(demo_data):
+    message = refused(demo_data, "split='0,1,0'", f"master_port={free_port()}")
+    assert "with split = '0,1,0' leaves the train split no documents (of " in message
+    assert 'give train a share of split (e.g. "969,30,1")' in message
 
 
 def test_another_tensor_parallel_size_is_refused_with_the_fix(demo_data, tensor_parallel_checkpoint):

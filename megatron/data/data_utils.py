@@ -36,6 +36,16 @@ def get_train_valid_test_split(split_string: str, size: int) -> list[int]:
     return [0] + [min(max(b - excess, 0), size) for b in boundaries[1:]]
 
 
+def train_split_problem(data_path: str, split: str, documents: int) -> str | None:
+    """The error of a `split` that leaves the train part of `documents` documents empty; None if it has some.
+    deepy.py asks before launch (from the index header), the ranks again when they build the datasets."""
+    boundaries = get_train_valid_test_split(split, documents)
+    if boundaries[1] > boundaries[0]:
+        return None
+    return (f"data_path = {data_path!r} with split = {split!r} leaves the train split no documents (of {documents}); "
+            f"give train a share of split (e.g. \"969,30,1\") or use a dataset with more documents")
+
+
 def build_train_valid_test_datasets(
     data_prefix: str,
     split: str,

@@ -3,7 +3,8 @@
 traceback per rank.
 
 - the tokenizer loads (a vocab_file that is not a tokenizer is named), giving the padded vocabulary;
-- every dataset: headers, sizes, documents, token ids within the vocabulary (megatron/data/dataset_check.py);
+- every dataset: headers, sizes, documents, token ids within the vocabulary (megatron/data/dataset_check.py),
+  and that `split` leaves the train part of data_path some documents;
 - the checkpoint a training run resumes from: files present, its layout and every tensor against the model
   (megatron/checkpoint/compatibility.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py);
@@ -21,7 +22,9 @@ from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directo
 from megatron.checkpoint.selection import newest_usable_tag
 from megatron.config import Config
 from megatron.config.validate import INFERENCE_SCRIPTS, dataset_prefixes
+from megatron.data.data_utils import train_split_problem
 from megatron.data.dataset_check import dataset_problems
+from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header
 from megatron.launch.hosts import is_local_host
 from megatron.launch.resources import Slots, world_size
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
@@ -65,13 +68,27 @@ def _master_port_problem(cfg: Config, slots: Slots) -> list[str]:
     return []
 
 
+def _split_problems(cfg: Config) -> list[str]:
+    """A `split` that gives training no documents of data_path (counted from its index header)."""
+    if cfg.train_data_paths or not cfg.data_path or cfg.eval_only or cfg.train_iters <= 0:
+        return []
+    try:
+        documents = read_index_header(index_file_path(cfg.data_path)).num_sequences
+        problem = train_split_problem(cfg.data_path, cfg.split, documents)
+    except (OSError, IndexedDatasetError):
+        return []  # the dataset check names it
+    except ValueError as error:
+        return [f"split = {cfg.split!r}: {error}"]
+    return [problem] if problem else []
+
+
 def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
     """Every problem of the run's input files, save directory and port; [] if it can start."""
     vocabulary, problems = _padded_vocabulary(cfg)
     training = Path(cfg.user_script or "train.py").name not in INFERENCE_SCRIPTS
     if training:
         problems += [problem for key, prefix in dataset_prefixes(cfg)
-                     for problem in dataset_problems(key, prefix, vocabulary)]
+                     for problem in dataset_problems(key, prefix, vocabulary)] or _split_problems(cfg)
         if cfg.save and not cfg.eval_only:
             try:
                 check_save_directory_free(cfg.save)

@@ -19,7 +19,9 @@ from torch.utils.data import DataLoader, Dataset
 from megatron.data.data_utils import (
     build_datasets_from_paths,
     build_train_valid_test_datasets,
+    train_split_problem,
 )
+from megatron.data.indexed_dataset import index_file_path, read_index_header
 from megatron.data.samplers import PretrainingSampler
 
 
@@ -52,10 +54,8 @@ def build_datasets(cfg) -> Splits:
             cfg.data_path, cfg.split, num_samples, cfg.seq_length, cfg.seed
         )
         if datasets[0] is None and cfg.train_iters > 0 and not cfg.eval_only:
-            raise ValueError(
-                f"data_path = {cfg.data_path!r} with split = {cfg.split!r} leaves the train split no documents; "
-                f"give train a share of split (e.g. \"969,30,1\") or use a dataset with more documents"
-            )
+            documents = read_index_header(index_file_path(cfg.data_path)).num_sequences
+            raise ValueError(train_split_problem(cfg.data_path, cfg.split, documents))
     return Splits(*datasets)
 
 
