@@ -9,7 +9,8 @@ Everything is checked here, before any process starts: the config, the
 hostfile and include/exclude, the launcher's tools and ssh reachability, and
 the files the run reads (launch/preflight.py). The config is printed once and
 passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
-stops (launch/supervise.py). `launcher` picks how ranks
+stops (launch/supervise.py). On this machine, the shared-memory buffers DeepSpeed's
+CPU collectives leave on master_port are removed (launch/shm_buffers.py). `launcher` picks how ranks
 start (docs/cluster.md): DeepSpeed's runner (pdsh, the default: `num_gpus`
 local processes, or the hosts of a hostfile), srun (slurm) or mpirun
 (openmpi, mpich).
@@ -24,8 +25,9 @@ from pathlib import Path
 from megatron.config import ConfigError, inactive_keys
 from megatron.config.validate import raise_if_any
 from megatron.launch import check_launcher, check_reachable, encode_config, launch_command, launch_notes, world_size
-from megatron.launch.preflight import preflight_problems
+from megatron.launch.preflight import launches_here, preflight_problems
 from megatron.launch.resolve import resolve_run
+from megatron.launch.shm_buffers import remove_port_buffers
 from megatron.launch.supervise import run_launcher
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"
@@ -62,7 +64,13 @@ def main(argv: list[str]) -> int:
         print(f"note: {key} has no effect here: {reason}", flush=True)
     command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
     print(f"launching {world_size(slots)} processes: {shlex.join(command[:-1])} <config>", flush=True)
-    return run_launcher(command, script)
+    here = launches_here(cfg, slots)
+    if here:
+        remove_port_buffers(cfg.master_port)  # a killed run's, on this port found free
+    code = run_launcher(command, script)
+    if here:
+        remove_port_buffers(cfg.master_port)  # those of ranks that did not end normally
+    return code
 
 
 if __name__ == "__main__":

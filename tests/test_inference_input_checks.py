@@ -113,7 +113,7 @@ def test_generate_script_stops_on_a_damaged_checkpoint_with_one_message(tensor_p
 
 
 @pytest.mark.slow
-def test_exports_refuse_a_damaged_checkpoint(tensor_parallel_checkpoint, tmp_path):
+def test_exports_refuse_a_damaged_checkpoint(tensor_parallel_checkpoint, tmp_path, capsys):
     save = damaged_copy(tensor_parallel_checkpoint.save, tmp_path)
     exported = subprocess.run([sys.executable, "tools/export_checkpoint.py", str(save), str(tmp_path / "out")],
                               cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -121,9 +121,9 @@ def test_exports_refuse_a_damaged_checkpoint(tensor_parallel_checkpoint, tmp_pat
     [line] = exported.stderr.splitlines()
     assert line.startswith("export_checkpoint.py: error: ") and f"{MODEL_FILE} does not match its SHA-256" in line
     assert not (tmp_path / "out").exists()
-    with pytest.raises(CheckpointUnreadable, match=f"{MODEL_FILE} does not match its SHA-256"):
-        convert_official_checkpoint.main(["--export", "--input", str(save), "--save", str(tmp_path / "o.bin")])
-    assert not (tmp_path / "o.bin").exists()
+    message = exit_message(capsys, "--export", "--input", str(save), "--save", str(tmp_path / "o.bin"),
+                           tool=convert_official_checkpoint)
+    assert f"{MODEL_FILE} does not match its SHA-256" in message and not (tmp_path / "o.bin").exists()
 
 
 # --- 2. a prompt that is not UTF-8 is named and skipped -----------------------------------------------------
@@ -196,10 +196,10 @@ def test_generate_script_skips_a_typed_line_that_is_not_utf8(tensor_parallel_che
 # --- 3. export_checkpoint.py's errors are one line ------------------------------------------------------------
 
 
-def exit_message(capsys, *argv: str) -> str:
-    """export_checkpoint.main's message after `PROG: error: `, checking it is the only line and the exit status 2."""
+def exit_message(capsys, *argv: str, tool=export_checkpoint) -> str:
+    """The tool's message after `PROG: error: `, checking it is the only line and the exit status 2."""
     with pytest.raises(SystemExit) as exited:
-        export_checkpoint.main(list(argv))
+        tool.main(list(argv))
     assert exited.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
     return line.split(": error: ", 1)[1]
@@ -215,3 +215,15 @@ def test_export_errors_are_one_line(tmp_path, capsys):
         f"the output directory {tmp_path / 'out'} exists and is not empty; choose a "
         "new or empty directory (nothing is overwritten)")
     assert (tmp_path / "out" / "pytorch_model.bin").read_bytes() == b"an earlier export"
+
+
+def test_official_conversion_errors_are_one_line(tmp_path, capsys):
+    config = str(REPO / "tests" / "tiny.yml")
+    assert exit_message(capsys, "--input", str(tmp_path / "nowhere.bin"), "--config", config, "--save",
+                        str(tmp_path / "ckpt"), tool=convert_official_checkpoint) == (
+        f"weights file {tmp_path / 'nowhere.bin'} does not exist")
+    torch.save({"not": torch.zeros(1)}, tmp_path / "other.bin")
+    assert "it is not the official release's pytorch_model.bin" in exit_message(
+        capsys, "--input", str(tmp_path / "other.bin"), "--config", config, "--save", str(tmp_path / "ckpt"),
+        tool=convert_official_checkpoint)
+    assert not (tmp_path / "ckpt").exists()

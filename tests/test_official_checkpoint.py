@@ -5,6 +5,7 @@ the formulas, and the export gives back every tensor exactly."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -156,29 +157,37 @@ def test_saved_rotary_frequencies_are_checked_and_dropped(tmp_path):
         load_model(tmp_path / "wrong_frequencies.bin", config=tmp_path / "official.yml")
 
 
-def test_a_file_in_another_layout_is_refused_by_name(tmp_path):
+def refusal(capsys, argv: list[str]) -> str:
+    """convert_official_checkpoint's one-line error for `argv` (exit status 2)."""
+    with pytest.raises(SystemExit) as exited:
+        convert_official_checkpoint.main(argv)
+    [line] = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2 and line.startswith("convert_official_checkpoint.py: error: ")
+    return line
+
+
+def test_a_file_in_another_layout_is_refused_by_name(tmp_path, capsys):
     write_config(tmp_path, RELEASED)
     torch.save({"word_embeddings.weight": torch.zeros(VOCAB, HIDDEN)}, tmp_path / "ours.bin")
-    with pytest.raises(KeyError, match="has no sequential.0.word_embeddings.weight: it is not the official"):
-        convert_official_checkpoint.main(["--input", str(tmp_path / "ours.bin"), "--config",
-                                          str(tmp_path / "official.yml"), "--save", str(tmp_path / "out")])
+    assert "has no sequential.0.word_embeddings.weight: it is not the official" in refusal(
+        capsys, ["--input", str(tmp_path / "ours.bin"), "--config", str(tmp_path / "official.yml"), "--save",
+                 str(tmp_path / "out")])
 
 
-def test_neither_direction_overwrites_what_is_there(tmp_path):
+def test_neither_direction_overwrites_what_is_there(tmp_path, capsys):
     torch.save(official_state_dict(write_config(tmp_path, RELEASED)), tmp_path / "pytorch_model.bin")
     imported = ["--input", str(tmp_path / "pytorch_model.bin"), "--config", str(tmp_path / "official.yml")]
     run = tmp_path / "run"
     (run / "global_step300").mkdir(parents=True)
     (run / "latest").write_text("global_step300")
-    with pytest.raises(FileExistsError, match=r"--save .*run exists and is not empty; choose a new or empty"):
-        convert_official_checkpoint.main([*imported, "--save", str(run)])
+    assert re.search(r"--save .*run exists and is not empty; choose a new or empty",
+                     refusal(capsys, [*imported, "--save", str(run)]))
     assert (run / "latest").read_text() == "global_step300" and not any((run / "global_step300").iterdir())
 
     convert_official_checkpoint.main([*imported, "--save", str(tmp_path / "imported")])
     (tmp_path / "mine.bin").write_bytes(b"keep me")
-    with pytest.raises(FileExistsError, match=r"mine.bin exists: remove it or give another --save"):
-        convert_official_checkpoint.main(["--export", "--input", str(tmp_path / "imported"), "--save",
-                                          str(tmp_path / "mine.bin")])
+    assert "mine.bin exists: remove it or give another --save" in refusal(
+        capsys, ["--export", "--input", str(tmp_path / "imported"), "--save", str(tmp_path / "mine.bin")])
     assert (tmp_path / "mine.bin").read_bytes() == b"keep me"
 
 

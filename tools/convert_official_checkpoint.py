@@ -13,7 +13,8 @@ stored in fp32, which holds the release's fp16 values exactly.
 Export reads any checkpoint or weights load_model reads and writes the official layout in fp32: exporting
 an import gives back the imported tensors exactly. Key layout: megatron/checkpoint/official_layout.py.
 Files are read with torch.load(weights_only=True). Neither direction overwrites: import needs a new or empty
-SAVE directory, export a SAVE file that does not exist yet.
+SAVE directory, export a SAVE file that does not exist yet. A problem (a missing or damaged input, an existing
+SAVE) is one line on stderr and exit status 2.
 """
 
 import argparse
@@ -38,7 +39,7 @@ def import_official(weights: Path, config: Path, save: Path, model_parallel_size
     official = read_weights(weights)
     embedding_key = official_key("word_embeddings.weight", cfg.num_layers)
     if embedding_key not in official:
-        raise KeyError(f"{weights} has no {embedding_key}: it is not the official release's pytorch_model.bin")
+        raise ValueError(f"{weights} has no {embedding_key}: it is not the official release's pytorch_model.bin")
     cfg.padded_vocab_size = official[embedding_key].shape[0]
     args = TokenFormerArgs.for_inference(cfg, cfg.padded_vocab_size)
     state = {name: t.float() if t.is_floating_point() else t for name, t in from_official(official, args).items()}
@@ -71,12 +72,15 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--model-parallel-size", type=int, help="tensor-parallel ranks to split into (import)")
     parser.add_argument("--export", action="store_true", help="write the official layout instead of reading it")
     args = parser.parse_args(argv)
-    if args.export:
-        target = export_official(args.input, args.save, args.config)
-    elif args.config is None:
+    if not args.export and args.config is None:
         parser.error("--config is required to import: the architecture of the released model")
-    else:
-        target = import_official(args.input, args.config, args.save, args.model_parallel_size)
+    try:
+        if args.export:
+            target = export_official(args.input, args.save, args.config)
+        else:
+            target = import_official(args.input, args.config, args.save, args.model_parallel_size)
+    except (ValueError, OSError) as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     print(f"wrote {target}")
     return target
 

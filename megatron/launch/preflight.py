@@ -54,8 +54,13 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
             or tensor_problems(tag_dir, cfg, vocabulary))
 
 
+def launches_here(cfg: Config, slots: Slots) -> bool:
+    """Whether every rank, rank 0's TCPStore on master_port included, runs on this machine."""
+    return cfg.launcher == "pdsh" and all(is_local_host(host) for host in slots)
+
+
 def _master_port_problem(cfg: Config, slots: Slots) -> list[str]:
-    if cfg.launcher != "pdsh" or not all(is_local_host(host) for host in slots):
+    if not launches_here(cfg, slots):
         return []  # rank 0 starts on another machine
     with socket.socket() as probe:
         # As rank 0's TCPStore binds: connections of an earlier run waiting out TIME_WAIT do not count.

@@ -27,6 +27,7 @@ from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.config import Config, ConfigError
 from megatron.launch import export_rank_environment
 from megatron.launch.config_argument import decode_config
+from megatron.launch.shm_buffers import remove_rank_buffer
 
 
 def communication_backend(cfg) -> str:
@@ -100,11 +101,13 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
 
 def leave_process_group(finished: bool = True) -> None:
     """Destroy the process group; when every rank `finished`, only after a barrier, so that no rank shuts its
-    connections while another is still in a collective. (After an error some ranks may not reach the barrier:
+    connections while another is still in a collective, and this rank's shared-memory buffer of DeepSpeed's CPU
+    collectives is removed (shm_buffers.py). (After an error some ranks may not reach the barrier:
     the launcher stops the rest when the failed rank exits.)"""
     if dist.is_initialized():
         if finished:
             dist.barrier()
+            remove_rank_buffer(dist.get_rank())
         dist.destroy_process_group()
 
 
