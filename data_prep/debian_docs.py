@@ -22,7 +22,6 @@ Writes OUT/corpus.jsonl, OUT/tokenizer.json, OUT/debian_docs_text_document.bin/.
 import argparse
 import gzip
 import hashlib
-import json
 import os
 import re
 import subprocess
@@ -33,6 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from demo_corpus import corpus_texts, write_corpus
 from recipe import tokenize_split, write_config_snippet
 
 from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
@@ -139,19 +139,6 @@ def collect_documents(max_chars: int, workers: int, man_root: Path = Path("/usr/
     return documents, counts
 
 
-def _write_corpus(documents: list[str], path: Path) -> None:
-    temporary = path.with_suffix(".partial")
-    with open(temporary, "w", encoding="utf-8") as stream:
-        stream.writelines(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in documents)
-    os.replace(temporary, path)
-
-
-def _corpus_texts(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8") as stream:
-        for line in stream:
-            yield json.loads(line)["text"]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=f"data/{NAME}", help="output directory (default: %(default)s)")
@@ -179,11 +166,11 @@ def main(argv=None) -> int:
         if not documents:
             print(f"{sys.argv[0]}: error: no English documentation found on this machine", file=sys.stderr)
             return 1
-        _write_corpus(documents, corpus)
+        write_corpus(documents, str(corpus))
         print("documents: " + ", ".join(f"{count} from {source}" for source, count in counts.items()))
         redo = True
     if redo or not os.path.isfile(args.vocab_file):
-        train_byte_level_bpe(_corpus_texts(corpus), args.vocab_size, args.vocab_file)
+        train_byte_level_bpe(corpus_texts(corpus), args.vocab_size, args.vocab_file)
         redo = True
     if redo or not (os.path.isfile(data_file_path(prefix)) and os.path.isfile(index_file_path(prefix))):
         tokenize_split([str(corpus)], str(out), NAME, HFTokenizer(args.vocab_file), args)

@@ -113,7 +113,8 @@ def write_corpus(documents: list[str], path: str) -> None:
     _write_atomically(path, (json.dumps({"text": document}, ensure_ascii=False) + "\n" for document in documents))
 
 
-def _corpus_texts(path: str) -> Iterator[str]:
+def corpus_texts(path: str) -> Iterator[str]:
+    """The documents of a corpus write_corpus wrote, one at a time."""
     with open(path, encoding="utf-8") as stream:
         for line in stream:
             yield json.loads(line)["text"]
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
         write_corpus(collect_documents(args.max_docs), corpus_path)
         redo = True
     if redo or not os.path.isfile(tokenizer_path):
-        train_byte_level_bpe(_corpus_texts(corpus_path), args.vocab_size, tokenizer_path)
+        train_byte_level_bpe(corpus_texts(corpus_path), args.vocab_size, tokenizer_path)
         redo = True
     if redo or not (os.path.isfile(data_file_path(data_prefix)) and os.path.isfile(index_file_path(data_prefix))):
         tokenizer = HFTokenizer(tokenizer_path)
