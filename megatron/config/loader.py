@@ -67,15 +67,21 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source} is not valid YAML: {error}") from None
 
 
-def _read_file(path: Path) -> tuple[str, dict[str, Any]]:
-    """The file's text and its top-level mapping with normalized keys."""
+def read_yaml(path: Path, what: str, error: type[ConfigError] = ConfigError) -> tuple[str, Any]:
+    """The text of the YAML file `path` and what it holds; `error` naming the file (`what` it is) if it is
+    missing or unreadable, ConfigError if it is not YAML."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"config file {path} cannot be read: {error}") from None
-    content = parse_yaml(text, f"config file {path}")
+        raise error(f"{what} {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as problem:
+        raise error(f"{what} {path} cannot be read: {problem}") from None
+    return text, parse_yaml(text, f"{what} {path}")
+
+
+def _read_file(path: Path) -> tuple[str, dict[str, Any]]:
+    """The file's text and its top-level mapping with normalized keys."""
+    text, content = read_yaml(path, "config file")
     if content is None:
         return text, {}
     if not isinstance(content, dict):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.config import ConfigError
-from megatron.config.loader import parse_yaml
+from megatron.config.loader import read_yaml
 from megatron.config.schema import SCHEMA
 from megatron.config.validate import closest_key, normalize_keys
 
@@ -173,10 +173,4 @@ def parse_plan(path: str | Path, content: Any) -> Plan:
 def read_plan(path: str | Path) -> Plan:
     """Read and check the plan file `path`."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"plan file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise PlanError(f"plan file {path} cannot be read: {error}") from None
-    return parse_plan(path, parse_yaml(text, f"plan file {path}"))
+    return parse_plan(path, read_yaml(path, "plan file", PlanError)[1])
