@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from benchmarks.incremental_scaling.comparison import Comparison, compute_to_reach, tflop_text
 from benchmarks.incremental_scaling.curves import Curve, joined, saved_config, validation_curve, validation_points
@@ -39,11 +40,18 @@ def stage_labels(run: Run) -> list[str]:
     return [names[0], *(f"{name} (grown from {before}, {mode})" for before, name in zip(names, names[1:]))]
 
 
-def path_curves(run: Run) -> tuple[list[Curve], list[Config], Curve]:
+class PathCurves(NamedTuple):
     """A progressive run's stages, their configs, and the whole path as one curve."""
+
+    stages: list[Curve]
+    configs: list[Config]
+    path: Curve
+
+
+def path_curves(run: Run) -> PathCurves:
     stages, configs = run_curves(run, stage_labels(run))
     label = " → ".join(curve.label.split()[0] for curve in stages) + f" (progressive, {GROWTH_MODES[run.key]})"
-    return stages, configs, joined(label, stages)
+    return PathCurves(stages, configs, joined(label, stages))
 
 
 def prediction(runs: dict[str, Run]) -> list[str]:
@@ -123,26 +131,25 @@ def write_report(runs: dict[str, Run], results: Path, header: list[str]) -> str:
     """Write curves.json, table.md and scaling.png into `results`; returns the table text, whose last line is
     the compute ratio."""
     paths = {key: path_curves(runs[key]) for key in GROWTH_MODES}
-    stages, stage_configs, _ = paths["progressive"]
+    preserve, official = paths["progressive"], paths["official"]
+    stages = preserve.stages
     (scratch,), (scratch_config,) = run_curves(runs["scratch"], [f"{stages[-1].label.split()[0]} from scratch"])
     (control,), (control_config,) = run_curves(runs["control"], [f"{stages[0].label} trained longer"])
-    comparison = Comparison(scratch, (*(path for _, _, path in paths.values()), control))
-    curves = {"paths": {GROWTH_MODES[key]: {"stages": [curve.to_dict() for curve in path_stages],
-                                            "path": path.to_dict()} for key, (path_stages, _, path) in paths.items()},
+    comparison = Comparison(scratch, (*(p.path for p in paths.values()), control))
+    curves = {"paths": {GROWTH_MODES[key]: {"stages": [curve.to_dict() for curve in p.stages], "path": p.path.to_dict()}
+                        for key, p in paths.items()},
               "scratch": scratch.to_dict(), "control": control.to_dict(), "target": comparison.target,
               "reached": {curve.label: compute_to_reach(curve, comparison.target) for curve in comparison.runs}}
     results.mkdir(parents=True, exist_ok=True)
     (results / "curves.json").write_text(json.dumps(curves, indent=1) + "\n", encoding="utf-8")
-    plot_comparison(comparison, [path_stages for path_stages, _, _ in paths.values()], control,
-                    results / "scaling.png")
-    official_stages = paths["official"][0]
-    setup = setup_table([*stages, *official_stages[1:], scratch, control],
-                        [*stage_configs, *paths["official"][1][1:], scratch_config, control_config])
-    checks = [*growth_checks(stages), *growth_checks(official_stages)]
+    plot_comparison(comparison, [p.stages for p in paths.values()], control, results / "scaling.png")
+    # the official path's first stage is the preserve path's (a copy): listed once
+    setup = setup_table([*stages, *official.stages[1:], scratch, control],
+                        [*preserve.configs, *official.configs[1:], scratch_config, control_config])
+    checks = [*growth_checks(stages), *growth_checks(official.stages)]
     text = "\n\n".join(["\n".join(header), "Prediction (megatron/model/flops.py, before the runs): "
                         + " ".join(prediction(runs)), setup, comparison.table(), "\n".join(checks),
-                        *(attribution(comparison, path_stages, path, control)
-                          for path_stages, _, path in paths.values()),
-                        modes_line(paths["progressive"][2], paths["official"][2]), comparison.ratio_line()])
+                        *(attribution(comparison, p.stages, p.path, control) for p in paths.values()),
+                        modes_line(preserve.path, official.path), comparison.ratio_line()])
     (results / "table.md").write_text(text + "\n", encoding="utf-8")
     return text

@@ -15,6 +15,9 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
+from megatron.tokenizer.gpt2_bpe_tokenizer import GPT2BPETokenizer
+from megatron.tokenizer.hf_tokenizer import HFTokenizer
+from megatron.tokenizer.spm_tokenizer import SPMTokenizer
 
 # sentencepiece_model.proto: ModelProto.SentencePiece.Type and TrainerSpec.ModelType
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -32,10 +35,6 @@ CHECK_TEXT = ("  Leading spaces,\ttabs and   runs of spaces;\nnew lines\n\n  and
 
 def fast_tokenizer(tokenizer: AbstractTokenizer) -> Tokenizer:
     """The `tokenizers.Tokenizer` that encodes as `tokenizer` does; ValueError if the kind has none."""
-    from megatron.tokenizer.gpt2_bpe_tokenizer import GPT2BPETokenizer
-    from megatron.tokenizer.hf_tokenizer import HFTokenizer
-    from megatron.tokenizer.spm_tokenizer import SPMTokenizer
-
     if isinstance(tokenizer, HFTokenizer | GPT2BPETokenizer):
         return tokenizer.backend
     if isinstance(tokenizer, SPMTokenizer):
