@@ -49,8 +49,11 @@ def test_zero1_run_lowers_loss_and_writes_outputs(baseline_run):
     assert losses[1] - losses[40] > 1.0, losses
     records = read_metrics(run_dir / "logs")
     train = [r for r in records if r["split"] == "train"]
-    for key in ("lr", "grad_norm", "tokens_per_sec", "flops_per_sec"):
+    for key in ("lr", "grad_norm", "tokens_per_sec", "flops_per_sec", "tflops_per_device", "peak_memory_bytes"):
         assert all(r[key] is not None and r[key] > 0 for r in train), key
+    # A CPU has no peak in the table: no MFU without peak_tflops; the peak resident set is at least 100 MiB
+    assert all(r["mfu"] is None and r["peak_memory_bytes"] > 100 * 2**20 for r in train)
+    assert "GFLOP/s/device" in result.stdout and "peak RSS" in result.stdout and "MFU" not in result.stdout
     assert [r["iteration"] for r in records if r["split"] == "valid"] == [20, 40]
     checkpoints = run_dir / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "global_step40"
@@ -115,17 +118,25 @@ def test_missing_data_file_is_named(tmp_path):
     assert f"{tmp_path}/nothing" in result.stderr
 
 
-def test_fused_pattention_reproduces_the_default_flash_losses(baseline_run, demo_data, tmp_path):
-    """The baseline trains with pattention_impl=flash (the default); the fused node must give the same 20
-    iterations (DP=2, ZeRO-1) within 1e-4 relative: the implementations compute the same function."""
+def test_fused_pattention_reproduces_the_flash_losses(baseline_run, demo_data, tmp_path):
+    """The baseline trains with pattention_impl=flash (tests/tiny.yml); auto, the default, takes fused here (the
+    step fits this machine's memory many times over) and says so, and the fused node must give the same 20
+    iterations (DP=2, ZeRO-1) within 1e-4 relative: the implementations compute the same function. The same
+    run gives peak_tflops, so its log has an MFU: its FLOP/s per device over that peak."""
     run_dir, _ = baseline_run
-    run_deepy("train.py", TINY, *data_overrides(demo_data), "pattention_impl=fused", "train_iters=20",
-              f"log_dir={tmp_path}/logs")
+    result = run_deepy("train.py", TINY, *data_overrides(demo_data), "pattention_impl=auto", "train_iters=20",
+                       "peak_tflops=0.5", f"log_dir={tmp_path}/logs")
+    assert result.stdout.count("pattention_impl: auto -> fused: fused fits") == 1, result.stdout
     flash = train_losses(run_dir / "logs")
     fused = train_losses(tmp_path / "logs")
     assert sorted(fused) == list(range(1, 21))
     differences = [(i, fused[i], flash[i]) for i in fused if abs(fused[i] - flash[i]) > 1e-4 * abs(flash[i])]
     assert not differences, differences
+    train = [r for r in read_metrics(tmp_path / "logs") if r["split"] == "train"]
+    for r in train:
+        assert r["mfu"] == pytest.approx(r["tflops_per_device"] / 0.5, rel=1e-12)
+        assert r["tflops_per_device"] == pytest.approx(r["flops_per_sec"] / 2 / 1e12, rel=1e-12)
+    assert "| MFU " in result.stdout and "GFLOP/s/device" in result.stdout
 
 
 def test_triton_kernels_train_on_a_cpu_under_the_interpreter(baseline_run, demo_data, tmp_path):

@@ -122,14 +122,16 @@ _MODEL = (
         "factor, which l2_norm_gelu and gelu_l2_norm apply themselves; this key has no effect under "
         "l2_norm_gelu (the L2 normalisation cancels it) and the official layout cannot hold a value other than "
         "1 (export refuses it).", valid_range=POSITIVE),
-    Key("pattention_impl", str, "flash", "model",
+    Key("pattention_impl", str, "auto", "model",
         "How every Pattention is computed (the same function and gradients, different memory and time; "
-        "docs/performance.md): flash keeps its input and O(tokens) statistics for backward (gelu_l2_norm and "
+        "docs/performance.md): auto takes fused unless the memory model says a training step of the configured "
+        "micro-batch would not fit the device with it, and flash then (the run's first lines say which and why; "
+        "inference and conversion take fused); flash keeps its input and O(tokens) statistics for backward (gelu_l2_norm and "
         "softmax: also the output), visiting the parameter tokens in tiles (Triton kernels on CUDA, PyTorch "
         "elsewhere) at the cost of recomputing the scores; fused keeps one [tokens, n] score matrix per "
         "Pattention and is faster where memory does not limit the batch (on a CPU, always); plain is the "
         "reference formula under autograd (about three score matrices).",
-        choices=("plain", "fused", "flash")),
+        choices=("auto", "plain", "fused", "flash")),
     Key("flash_backend", str, "auto", "model",
         "Tile kernels of pattention_impl=flash: auto (Triton on CUDA, PyTorch otherwise), pytorch, or triton "
         "(also on a CPU, under Triton's interpreter: slow, for testing the kernels).",
@@ -292,6 +294,11 @@ _LOGGING = (
     Key("steps_per_print", int, 10, "logging", "DeepSpeed prints its progress every this many steps.",
         valid_range=AT_LEAST_ONE,
         inactive="DeepSpeed's own progress prints are off; metrics are logged every log_interval"),
+    Key("peak_tflops", float, None, "logging",
+        "Dense bf16/fp16 peak TFLOP/s of one device, for the MFU in the training log. Unset: the table of "
+        "megatron/training/utilization.py by GPU name (A100, H100 SXM/PCIe/NVL, H200, B200; the dense figure, "
+        "half the data sheet's sparse one); on a CPU, or a GPU not in the table, no MFU is logged.",
+        valid_range=POSITIVE),
     Key("tensorboard_dir", str, None, "logging", "Write TensorBoard events here; unset disables TensorBoard."),
     Key("use_wandb", bool, False, "logging", "Log to Weights & Biases (off by default: runs are often offline)."),
     Key("wandb_project", str, "neox", "logging", "Weights & Biases project."),

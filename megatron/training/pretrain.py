@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import deepspeed
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
 from megatron.checkpoint.save_load import load_checkpoint, save_checkpoint, should_save
@@ -25,8 +26,10 @@ from megatron.training.data import batch_iterator, build_datasets
 from megatron.training.gradient_clipping import clips_in_optimizer, install_gradient_clipping
 from megatron.training.numerics import NonFiniteSteps, skip_nonfinite_updates
 from megatron.training.optimizer import build_optimizer, deepspeed_config
+from megatron.training.pattention_choice import resolve_pattention_impl
 from megatron.training.preemption import ExitConditions
 from megatron.training.step import evaluate, lm_loss, train_step
+from megatron.training.utilization import Utilization
 
 
 def print_rank_0(message: str) -> None:
@@ -52,7 +55,10 @@ def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, dee
     cfg.padded_vocab_size = pad_vocab_size(
         tokenizer.vocab_size, cfg.make_vocab_size_divisible_by, cfg.model_parallel_size
     )
-    model_args = TokenFormerArgs.from_config(cfg)
+    impl, why = resolve_pattention_impl(cfg, TokenFormerArgs.from_config(cfg), get_accelerator())
+    if why:
+        print_rank_0(f"pattention_impl: auto -> {impl}: {why}")
+    model_args = TokenFormerArgs.from_config(cfg, pattention_impl=impl)
     # pipe_parallel_size 0: the plain model; 1 or more: DeepSpeed's pipeline engine, as in GPT-NeoX.
     pipelined = cfg.pipe_parallel_size >= 1
     if pipelined:
@@ -62,8 +68,6 @@ def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, dee
         model = TokenFormerModel(model_args)
     if frozen_tokens:
         freeze_old_param_tokens(model, frozen_tokens, cfg.precision)
-    from deepspeed.accelerator import get_accelerator
-
     optimizer = build_optimizer(model, cfg, get_accelerator().device_name())
     if clips_in_optimizer(cfg):
         install_gradient_clipping(optimizer, cfg.gradient_clipping)
@@ -110,7 +114,12 @@ class Trainer:
         if cfg.pretrain_partial_init and tag is None:
             grow_into(self.engine, cfg)
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
-        self.flops_per_token = flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations)
+        self.utilization = Utilization(
+            get_accelerator(), flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations),
+            flops_per_token(self.model_args, include_recompute=False), dist.get_world_size(), cfg.peak_tflops)
+        if self.utilization.unknown_device:
+            print_rank_0(f"MFU is not logged: {self.utilization.unknown_device!r} is not in the table of dense bf16 "
+                         "peaks (megatron/training/utilization.py); set peak_tflops to its dense bf16 TFLOP/s")
 
     def _iterator(self, dataset, consumed: int):
         return batch_iterator(
@@ -177,7 +186,7 @@ class Trainer:
     ) -> None:
         tokens_per_sec = tokens_per_step / seconds_per_iter
         self.state.tokens_per_sec = tokens_per_sec
-        flops = tokens_per_sec * self.flops_per_token
+        utilization = self.utilization.record(tokens_per_sec)
         record = {
             "iteration": self.state.iteration,
             "split": "train",
@@ -186,7 +195,7 @@ class Trainer:
             "grad_norm": grad_norm,
             "ms_per_iter": seconds_per_iter * 1000,
             "tokens_per_sec": tokens_per_sec,
-            "flops_per_sec": flops,
+            **utilization,
             "consumed_samples": self.state.consumed_samples,
         }
         self.metrics.write(record)
@@ -194,7 +203,7 @@ class Trainer:
         print_rank_0(
             f"iteration {self.state.iteration:>6}/{self.cfg.train_iters} | lm_loss {loss:.4f} | lr {lr:.3e} | "
             f"grad_norm {norm_text} | {seconds_per_iter * 1000:.1f} ms/iter | "
-            f"{tokens_per_sec:,.0f} tokens/s | {flops / 1e9:.2f} GFLOP/s"
+            f"{tokens_per_sec:,.0f} tokens/s | {self.utilization.text(record)}"
         )
 
     def summary(self) -> str:
