@@ -21,22 +21,22 @@ def initialize_inference(cfg: Config) -> torch.device:
     from deepspeed.accelerator import get_accelerator
 
     from megatron.launch import export_rank_environment
-    from megatron.launch.process_group import communication_backend, set_seed
+    from megatron.launch.process_group import bind_local_device, communication_backend, set_seed
 
     if not dist.is_initialized():
         export_rank_environment(cfg)
+        bind_local_device()
         dist.init_process_group(backend=communication_backend(cfg))
+    else:
+        bind_local_device()
     world = dist.get_world_size()
     if world != cfg.model_parallel_size:
         raise ConfigError(f"{cfg.user_script or 'inference'} runs one model replica split over model_parallel_size="
                           f"{cfg.model_parallel_size} processes, but {world} started: set num_gpus="
                           f"{cfg.model_parallel_size} (pipeline stages are merged when the checkpoint is loaded)")
-    accelerator = get_accelerator()
-    if accelerator.device_name() != "cpu":
-        accelerator.set_device(dist.get_rank() % accelerator.device_count())
     mpu.initialize_model_parallel(cfg.model_parallel_size, 1)
     set_seed(cfg.seed)
-    return torch.device(accelerator.current_device_name())
+    return torch.device(get_accelerator().current_device_name())
 
 
 def is_output_rank() -> bool:

@@ -37,10 +37,28 @@ def communication_backend(cfg) -> str:
     return accelerator.communication_backend_name()
 
 
+def local_device_index(device_count: int) -> int:
+    """This rank's device on its node: LOCAL_RANK (set by every launcher, export_rank_environment included), or
+    the global rank in a caller's own process group without it, modulo the devices it sees."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is None:
+        local = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "0")
+    return int(local) % device_count
+
+
+def bind_local_device() -> None:
+    """Make this rank's device current; called before the process group starts, as GPT-NeoX does, so that NCCL's
+    communicator and barriers use this rank's own device instead of guessing device 0."""
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(local_device_index(accelerator.device_count()))
+
+
 def initialize_distributed(cfg) -> mpu.ParallelLayout:
     """init_process_group (once), check the world size, build the groups, seed."""
     if not dist.is_initialized():
         export_rank_environment(cfg)
+    bind_local_device()
     # Also when torch.distributed is already up (a caller's own group): DeepSpeed's collectives, which the
     # pipeline module uses before deepspeed.initialize, then wrap it.
     deepspeed.init_distributed(dist_backend=communication_backend(cfg), verbose=False)
@@ -50,9 +68,6 @@ def initialize_distributed(cfg) -> mpu.ParallelLayout:
             f"the config was resolved for {cfg.world_size} processes but {world} started; "
             "launch through deepy.py, or set num_gpus to the number of processes"
         )
-    accelerator = get_accelerator()
-    if accelerator.device_name() != "cpu":
-        accelerator.set_device(dist.get_rank() % accelerator.device_count())
     layout = mpu.initialize_model_parallel(cfg.model_parallel_size, max(1, cfg.pipe_parallel_size))
     set_seed(cfg.seed)
     return layout
