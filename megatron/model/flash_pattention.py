@@ -65,10 +65,29 @@ def _key_tiles(count: int) -> list[slice]:
     return [slice(start, min(start + KEY_TILE, count)) for start in range(0, count, KEY_TILE)]
 
 
+_WIDE_OUTPUT_MATMUL: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def wide_output_matmul(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch multiplies `dtype` (bf16/fp16) matrices on `device` straight into fp32
+    (torch.mm(..., out_dtype=torch.float32): CUDA in recent torch; not on a CPU). Probed once per device type."""
+    key = (device.type, dtype)
+    if key not in _WIDE_OUTPUT_MATMUL:
+        probe = torch.ones(2, 2, dtype=dtype, device=device)
+        try:
+            _WIDE_OUTPUT_MATMUL[key] = torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, NotImplementedError):
+            _WIDE_OUTPUT_MATMUL[key] = False
+    return _WIDE_OUTPUT_MATMUL[key]
+
+
 def _accumulate(target: Tensor, a: Tensor, b: Tensor) -> None:
-    """target += a·b, target in at least fp32 (a and b may be bf16/fp16)."""
+    """target += a·b, target in at least fp32 (a and b may be bf16/fp16): where torch offers it, the product
+    comes out in fp32 too, instead of each tile's product being rounded to bf16 before the sum."""
     if target.dtype == a.dtype:
         target.addmm_(a, b)
+    elif wide_output_matmul(a.device, a.dtype):
+        target.add_(torch.mm(a, b, out_dtype=target.dtype))
     else:
         target.add_(torch.mm(a, b))
 
