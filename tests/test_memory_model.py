@@ -1,4 +1,4 @@
-"""The memory model's formula (benchmarks/memory_model.py) equals the bytes autograd saves, measured on a tiny
+"""The memory model's formula (megatron/model/memory.py) equals the bytes autograd saves, measured on a tiny
 model: every Pattention implementation and Θ, bf16 and fp32, several sequences per micro-batch, learned and no
 position embeddings, τ ≠ 1, activation checkpointing. Equal to the byte: the formula counts storages, so any
 missing, extra or mis-sized term fails. And the micro-batch fit follows from the formula and the stated
@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import torch
 
-from benchmarks.memory_model import (
+from benchmarks.memory_model import measured_saved_bytes
+from megatron.model.memory import (
     max_micro_batch,
-    measured_saved_bytes,
     model_state_bytes,
     parameter_count,
     peak_activation_bytes,

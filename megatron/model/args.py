@@ -87,6 +87,10 @@ class TokenFormerArgs:
                 values[field.name] = getattr(cfg, field.name)
             elif field.default is MISSING:
                 raise ValueError(f"config has no '{field.name}', which the model needs: set it in the config")
+        if values.get("pattention_impl") == "auto":
+            # A training run decides auto itself (training/pattention_choice.py); a model built for anything
+            # else keeps nothing for backward, where fused is the faster one.
+            values["pattention_impl"] = "fused"
         return cls(**values)
 
     @classmethod
