@@ -9,7 +9,7 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo demo-data test test-fast test-gpu docs bench bench-gpu scaling-study clean-demo
+.PHONY: install demo demo-data test test-fast test-gpu docs bench bench-gpu gpu-kit scaling-study clean-demo
 
 install: $(STAMP)
 
@@ -59,6 +59,10 @@ bench: $(STAMP) requirements/requirements-bench.txt
 # Flash Pattention's Triton kernels and training-step MFU on one CUDA GPU (without one it says so and exits 2).
 bench-gpu: $(STAMP)
 	$(PY) -m benchmarks.gpu_pattention
+
+# Wheels of the packages the borrowed GPU machine's image lacks (DeepSpeed & co.), for its offline install.
+gpu-kit: $(STAMP)
+	$(PY) -m benchmarks.gpu_kit build --out .gpu-kit
 
 # Issue 19: progressive scaling S1 -> S2 -> S3 vs S3 from scratch and S1 trained longer, through
 # tools/progressive_scaling.py, on the Debian documentation corpus it builds first (under an hour on 2 cores);
