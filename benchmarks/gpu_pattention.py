@@ -2,24 +2,28 @@
 training steps of the paper configs at reduced depth, flash vs fused.
 
     .venv/bin/python -m benchmarks.gpu_pattention [--tokens 16384] [--dtype bf16|fp32] [--repeats 10]
-        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--peak-tflops T]
+        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--peak-tflops T] [--json FILE]
 
 Needs a CUDA device and Triton. Without them it prints one line saying so (stderr) and exits with status 2:
 nothing was measured, which is neither a result (0) nor a failure of the code (1), so a script running it on
 a CPU machine can tell the three apart.
 
-Kernels: benchmarks/pattention.py's shapes (the paper configs' Pattentions; "×3" is attention's Q, K and V in
-one node) at --tokens input tokens (default 8 sequences of 2048), every Θ: flash with its Triton kernels,
-fused, and the six GEMMs a Pattention needs alone (the limit), forward + backward in --dtype; each keeps its
-fastest of --repeats alternating runs (benchmarks/timing.py), every run ended by torch.cuda.synchronize.
-"peak fl/f" is flash's peak memory over fused's during forward + backward (torch.cuda.max_memory_allocated
-above what was allocated before the step; the layer's output and the gradients included).
+Kernels: benchmarks/pattention.py's shapes (the paper configs' Pattentions; "×3" is attention's Q, K and V in one
+node) and the 1-5B config's Q/K/V and FFN at --tokens input tokens (default 8 sequences of 2048), every Θ: flash
+with its Triton kernels, fused, and the six GEMMs a Pattention needs alone (the limit), forward + backward in
+--dtype; each keeps its fastest of --repeats alternating runs (benchmarks/timing.py), every run ended by
+torch.cuda.synchronize. "peak fl/f" is flash's peak memory over fused's during forward + backward
+(torch.cuda.max_memory_allocated above what was allocated before the step; the layer's output and the gradients
+included).
 
 Training steps: each paper config at --layers layers (full width and vocabulary), sequences of 2048,
 --batch of them per step, bf16 parameters, fused AdamW; a step is forward, the training loss (lm_loss),
 backward and the optimizer step, flash and fused alternating. MFU = tokens/s × training FLOPs per token
 (megatron/model/flops.py, no recomputation) / peak FLOP/s: the fastest bf16 8192² matmul measured here, or
 --peak-tflops (e.g. the data sheet's dense bf16 figure).
+
+--no-steps times the kernels only (benchmarks/gpu_check.py measures training through deepy.py instead);
+--json also writes every row to FILE.
 
 Last line: "ratio: flash (Triton) Pattention time / six GEMMs = X (all shapes and Θ; worst Y); training-step
 MFU at <largest config>: flash A, fused B".
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import sys
 from collections.abc import Callable
 
@@ -106,13 +111,17 @@ def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dt
     return {"norm": norm_type, "name": name, "d": d, "n": n, **times, "peak": peaks["flash"] / peaks["fused"]}
 
 
+# benchmarks/pattention.py's shapes (sized for a CPU) and the largest config's other two, which a GPU can afford.
+LARGEST_CONFIG_SHAPES = [("1-5B q,k,v ×3", 1536, 1536, 3), ("1-5B ffn", 1536, 6144, 1)]
+
+
 def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
-    """kernel_row for every Θ and benchmarks/pattention.py's shapes."""
+    """kernel_row for every Θ and shape."""
     from benchmarks.pattention import NORM_TYPES, SHAPES
 
     rows = []
     for norm_type in NORM_TYPES:
-        for shape in SHAPES:
+        for shape in [*SHAPES, *LARGEST_CONFIG_SHAPES]:
             rows.append(kernel_row(norm_type, shape, tokens, dtype, repeats))
             torch.cuda.empty_cache()
     return rows
@@ -169,6 +178,8 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=None, help="paper configs to step (default: all)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak bf16 TFLOP/s for the MFU (default: the fastest matmul measured here)")
+    parser.add_argument("--no-steps", action="store_true", help="time the kernels only")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
     options = parser.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -191,6 +202,14 @@ def main() -> None:
               f"{r['flash'] / r['gemms']:>8.2f} {r['peak']:>9.2f}")
     flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
     worst = max(r["flash"] / r["gemms"] for r in rows)
+    if options.json:
+        with open(options.json, "w", encoding="utf-8") as stream:
+            json.dump({"tokens": options.tokens, "dtype": options.dtype, "kernels": rows,
+                       "flash_over_gemms": flash_over_gemms, "worst": worst}, stream, indent=1)
+    if options.no_steps:
+        print(f"ratio: flash (Triton) Pattention time / six GEMMs = {flash_over_gemms:.2f} (all shapes and Θ; worst "
+              f"{worst:.2f})")
+        return
 
     peak = options.peak_tflops * 1e12 if options.peak_tflops else matmul_peak_flops(options.repeats)
     configs = options.configs or list(PAPER_CONFIGS)

@@ -72,24 +72,47 @@ def no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+@pytest.fixture
+def poisoned_allocations(monkeypatch):
+    """Every float tensor torch.empty / torch.empty_like hands out during the test is filled with NaN first, so
+    an element a kernel was meant to write and did not makes the result NaN instead of passing by luck."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: poison(empty(*args, **kwargs)))
+    monkeypatch.setattr(torch, "empty_like", lambda *args, **kwargs: poison(empty_like(*args, **kwargs)))
+
+
+# (input rows, d_in, d_out, the three Pattentions' token counts, τ): tiles and row blocks with ragged ends, and
+# a large n (over 16k parameter tokens: 33 tiles of 512, the last one ragged).
+CASES = {"ragged": (300, 96, 80, [1100, 1300, 900], 0.7), "large n": (96, 64, 48, [16684, 16500, 17000], 1.3)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
-def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, norm_type, dtype):
+def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, poisoned_allocations, norm_type,
+                                                          dtype, case):
     """flash_pattentions with the Triton backend on CUDA tensors (kernels compiled, not interpreted) against
-    autograd through the plain formula: 300 tokens in blocks of 64 rows, 1100 parameter tokens in tiles of
-    KEY_TILE (ragged last ones), three Pattentions of one input with different token counts, τ ≠ 1. fp32 with
-    TF32 off: within 1e-5 of the plain formula in fp32, relative to each tensor's largest entry. bf16: within
-    1e-2 of the exact (fp64) result in relative norm, or 1.25× the plain formula's own bf16 error if larger."""
+    autograd through the plain formula, on fresh random inputs each run (the seed is in the failure message):
+    rows in blocks of 64, parameter tokens in tiles of KEY_TILE (ragged last ones), three Pattentions of one input
+    with different token counts, τ ≠ 1, every fresh float buffer poisoned with NaN. fp32 with TF32 off: within
+    1e-5 of the plain formula in fp32, relative to each tensor's largest entry. bf16: within 1e-2 of the exact
+    (fp64) result in relative norm, or 1.25× the plain formula's own bf16 error if larger."""
     import megatron.model.flash_pattention as flash
     from megatron.model.pattention import pattention
 
     assert os.environ.get("TRITON_INTERPRET", "0") == "0", "Triton would interpret the kernels, not compile them"
     monkeypatch.setattr(flash, "TILE_ELEMENTS", {"cpu": 64 * flash.KEY_TILE, "default": 64 * flash.KEY_TILE})
-    g = torch.Generator().manual_seed(0)
-    n, counts, tau = 1100, [1100, 1300, 900], 0.7
-    x = torch.randn(2, 150, 96, generator=g, dtype=torch.float64).cuda()
-    keys = [(torch.randn(n, 96, generator=g, dtype=torch.float64) * 0.5).cuda() for _ in counts]
-    values = [(torch.randn(n, 80, generator=g, dtype=torch.float64) * 0.5).cuda() for _ in counts]
+    rows, d_in, d_out, counts, tau = CASES[case]
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    n = counts[0]
+    x = torch.randn(2, rows // 2, d_in, generator=g, dtype=torch.float64).cuda()
+    keys = [(torch.randn(n, d_in, generator=g, dtype=torch.float64) * 0.5).cuda() for _ in counts]
+    values = [(torch.randn(n, d_out, generator=g, dtype=torch.float64) * 0.5).cuda() for _ in counts]
 
     def plain(x, keys, values):
         return torch.stack([pattention(x, k, v, norm_type, tau, c) for k, v, c in zip(keys, values, counts)])
@@ -102,12 +125,31 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, n
     got, own = pattention_results(flashed, *cast), pattention_results(plain, *cast)
     names = ["Y", "dX", *(f"dK{b}" for b in range(3)), *(f"dV{b}" for b in range(3))]
     for name, result, own_result, exact_result in zip(names, got, own, exact):
-        assert result.dtype == dtype and result.device.type == "cuda", name
+        where = f"{name}, seed {seed}"
+        assert result.dtype == dtype and result.device.type == "cuda", where
+        assert torch.isfinite(result).all(), f"{where}: an element was never written (NaN poison survived)"
         if dtype == torch.float32:
-            assert (result - own_result).abs().max() / exact_result.abs().max() <= 1e-5, name
+            assert (result - own_result).abs().max() / exact_result.abs().max() <= 1e-5, where
         else:
             error, own_error = ((t.double() - exact_result).norm() / exact_result.norm() for t in (result, own_result))
-            assert error <= max(1e-2, 1.25 * own_error), name
+            assert error <= max(1e-2, 1.25 * own_error), where
+
+
+def test_bf16_tile_products_are_accumulated_in_fp32():
+    """On CUDA torch multiplies bf16 tiles straight into fp32 (mm's out_dtype), so flash's accumulator gets each
+    tile's product unrounded: within fp32 error of the exact product of the bf16 values, where a product first
+    rounded to bf16 (relative error ~2⁻⁹) would be hundreds of times further off."""
+    from megatron.model.flash_pattention import _accumulate, wide_output_matmul
+
+    device = torch.device("cuda")
+    assert wide_output_matmul(device, torch.bfloat16), f"torch {torch.__version__} has no fp32-output bf16 matmul"
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    a, b = (torch.randn(rows, cols, generator=g).to(torch.bfloat16) for rows, cols in ((256, 512), (512, 384)))
+    exact = a.double() @ b.double()
+    target = torch.zeros(256, 384, device=device)
+    _accumulate(target, a.to(device), b.to(device))
+    error = (target.double().cpu() - exact).norm() / exact.norm()
+    assert error < 1e-5, error
 
 
 def training_losses(impl: str, device: str, steps: int = 20) -> list[float]:

@@ -1,0 +1,425 @@
+"""One command for a borrowed GPU machine: check and measure every GPU path, in at most 8 minutes on one H100.
+
+    python3 -m benchmarks.gpu_check [--kit .gpu-kit] [--out DIR] [--skip STEP ...] [--cpu-plumbing]
+
+Made for a machine with CUDA, torch and Triton but no DeepSpeed and no network: `make gpu-kit` here writes the
+wheels it lacks into .gpu-kit/, which travels with the checkout. Steps, each timed, each free to fail without
+stopping the rest, each in the report:
+
+    kit          the kit's wheels installed into a temporary site folder, first on the path of this process and
+                 of every command below (benchmarks/gpu_kit.py)
+    environment  device, memory, driver, Python, torch, CUDA, Triton and DeepSpeed versions, and the two
+                 ceilings measured: a bf16 8192³ GEMM's TFLOP/s and a device-to-device copy's GB/s
+    gpu-tests    pytest -m gpu: compiled Triton flash against plain, the model on CUDA against the CPU
+    kernels      benchmarks.gpu_pattention --no-steps: plain... fused and flash forward+backward against the six
+                 GEMMs at the paper configs' shapes, 16k tokens, with flash's peak memory over fused's
+    training     python deepy.py train.py configs/1-5B.yml at 4 layers (full width and vocabulary), one GPU,
+                 NCCL, DeepSpeed ZeRO-1, bf16, micro-batch 8 of 2048 tokens, on data and a 50,277-token
+                 tokenizer made here: flash for 30 iterations; flash stopped after 20 (saved), then resumed to 30;
+                 fused for 30. Tokens/s, TFLOP/s per GPU, MFU and peak memory come from the runs' metrics.jsonl
+                 (medians after 5 warm-up iterations); the stopped run's 20 losses must equal the first run's
+                 bitwise (the run is deterministic) and the resumed run's 10 its last 10 (resume is exact)
+    max-batch    benchmarks.max_micro_batch: the largest micro-batch of the full 1-5B config at sequence 2048,
+                 fused and flash, against the memory model's prediction
+    report       gpu_check.json and gpu_check.md under --out (default $OUT, else ./gpu_check_out), the targets of
+                 issue 26 met or missed, and a short table printed last
+
+Without CUDA it says so on one line and exits 2. --cpu-plumbing runs the same steps on a CPU at toy sizes
+(tests/test_gpu_check.py): the kit install, the data, the deepy.py launches, the log parsing, the resume check
+and the report are then known to work before a minute of GPU time is spent; the GPU-only measurements say
+"unavailable" there. Exit status 0 when no step failed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+UNAVAILABLE_EXIT = 2
+VOCAB = 50277  # GPT-NeoX-20B's token count, which the paper configs' vocabulary is padded from
+WARMUP_ITERATIONS = 5
+KIT_PYTHON = (3, 12)  # the GPU machine's, for which benchmarks/gpu_kit.py fetches the compiled wheels
+TARGETS = {  # issue 26's targets, checked in the report
+    "flash / six GEMMs at 1-5B shapes": ("<=", 1.5),
+    "training MFU (flash)": (">=", 0.40),
+    "flash / fused peak memory at n >= 4d": ("<=", 0.35),
+    "largest micro-batch flash / fused": (">=", 1.5),
+    "script wall time (s)": ("<=", 480.0),
+}
+
+
+@dataclasses.dataclass
+class StepResult:
+    name: str
+    status: str = "ok"  # ok | failed | unavailable | skipped
+    seconds: float = 0.0
+    summary: str = ""
+    details: dict = dataclasses.field(default_factory=dict)
+
+
+class Check:
+    """The state the steps share: options, the work folder, the environment of child processes."""
+
+    def __init__(self, options: argparse.Namespace):
+        self.options = options
+        self.cpu = options.cpu_plumbing
+        self.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.results: list[StepResult] = []
+
+    def run(self, command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+        """A child process of this check (its environment, the repository as working folder), output kept."""
+        return subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout,
+                              check=False, **kwargs)
+
+
+def tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# --- steps ---------------------------------------------------------------------------------------------------
+
+def step_kit(check: Check, result: StepResult) -> None:
+    from benchmarks.gpu_kit import install
+
+    kit = check.options.kit
+    if kit is None:
+        result.status, result.summary = "skipped", "no --kit: the packages installed here are used"
+        return
+    site = install(Path(kit), check.work / "site")
+    wheels = sorted(path.name for path in Path(kit).glob("*.whl"))
+    result.details = {"wheels": wheels, "site": str(site)}
+    if sys.version_info[:2] != KIT_PYTHON:  # its compiled wheels would not load: install checked, path kept
+        result.summary = (f"{len(wheels)} wheels installed into {site}, not put on the path: they are for Python "
+                          f"{'.'.join(map(str, KIT_PYTHON))}, this is {sys.version.split()[0]}")
+        return
+    sys.path.insert(0, str(site))
+    check.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), check.env.get("PYTHONPATH")]))
+    result.summary = f"{len(wheels)} wheels into {site}, first on the path"
+
+
+def _fastest_seconds(fn: Callable[[], None], synchronize: Callable[[], None], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        fn()
+        synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def step_environment(check: Check, result: StepResult) -> None:
+    import torch
+
+    details = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
+    for module in ("triton", "deepspeed"):
+        try:
+            details[module] = __import__(module).__version__
+        except ImportError as error:
+            details[module] = f"not importable ({error})"
+    if check.cpu:
+        device, dtype, size, copy_bytes = torch.device("cpu"), torch.float32, 1024, 2**26
+        details.update(device="cpu", memory_gib=None, driver=None)
+        synchronize = lambda: None  # noqa: E731
+    else:
+        device, dtype, size, copy_bytes = torch.device("cuda"), torch.bfloat16, 8192, 2**31
+        properties = torch.cuda.get_device_properties(0)
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=False)
+        details.update(device=properties.name, memory_gib=properties.total_memory / 2**30,
+                       multiprocessors=properties.multi_processor_count,
+                       driver=smi.stdout.strip() or f"unknown (nvidia-smi: {tail(smi.stderr, 1)})")
+        synchronize = torch.cuda.synchronize
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    gemm = _fastest_seconds(lambda: [a @ b for _ in range(5)], synchronize, 5) / 5
+    source = torch.empty(copy_bytes // 4, device=device, dtype=torch.float32)
+    target = torch.empty_like(source)
+    copy = _fastest_seconds(lambda: target.copy_(source), synchronize, 10)
+    details["gemm_tflops"] = 2 * size**3 / gemm / 1e12
+    details["gemm"] = f"{str(dtype).removeprefix('torch.')} {size}³"
+    details["copy_gb_per_s"] = 2 * copy_bytes / copy / 1e9  # bytes read + written
+    del a, b, source, target
+    result.details = details
+    memory = "" if details["memory_gib"] is None else f", {details['memory_gib']:.0f} GiB"
+    result.summary = (f"{details['device']}{memory}; torch {details['torch']}, Triton {details['triton']}, "
+                      f"DeepSpeed {details['deepspeed']}; {details['gemm']} GEMM {details['gemm_tflops']:.1f} "
+                      f"TFLOP/s, copy {details['copy_gb_per_s']:.0f} GB/s")
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """The counts of pytest's closing line ("3 passed, 1 skipped in 2.0s")."""
+    return {word: int(count) for count, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)",
+                                                          output.strip().splitlines()[-1] if output.strip() else "")}
+
+
+def step_gpu_tests(check: Check, result: StepResult) -> None:
+    done = check.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider"],
+                     timeout=240)
+    counts = pytest_counts(done.stdout)
+    result.details = {"counts": counts, "returncode": done.returncode, "output": tail(done.stdout, 30)}
+    result.summary = ", ".join(f"{n} {word}" for word, n in counts.items()) or tail(done.stdout + done.stderr, 3)
+    if done.returncode != 0:
+        result.status = "failed"
+    elif not counts.get("passed"):
+        result.status = "unavailable"
+
+
+def largest_config_rows(rows: list[dict]) -> list[dict]:
+    """The kernel rows of the 1-5B config's shapes, where issue 26's time target is set."""
+    return [r for r in rows if r["name"].startswith("1-5B")]
+
+
+def step_kernels(check: Check, result: StepResult) -> None:
+    report = check.work / "kernels.json"
+    done = check.run([sys.executable, "-m", "benchmarks.gpu_pattention", "--no-steps", "--repeats", "5",
+                      "--json", str(report)], timeout=240)
+    if done.returncode == UNAVAILABLE_EXIT:
+        result.status, result.summary = "unavailable", tail(done.stderr, 1)
+        return
+    if done.returncode != 0:
+        result.status, result.summary = "failed", tail(done.stderr, 5)
+        return
+    data = json.loads(report.read_text())
+    largest = largest_config_rows(data["kernels"])
+    wide = [r for r in data["kernels"] if r["n"] >= 4 * r["d"]]
+    data["flash_over_gemms_1_5B"] = sum(r["flash"] for r in largest) / sum(r["gemms"] for r in largest)
+    data["peak_flash_over_fused_n_ge_4d"] = max(r["peak"] for r in wide)
+    data["table"] = tail(done.stdout, 40)
+    result.details = data
+    result.summary = (f"flash / six GEMMs: {data['flash_over_gemms']:.2f} overall, "
+                      f"{data['flash_over_gemms_1_5B']:.2f} at 1-5B shapes; flash / fused peak memory at n >= 4d "
+                      f"<= {data['peak_flash_over_fused_n_ge_4d']:.2f}")
+
+
+def write_training_data(folder: Path) -> tuple[Path, Path]:
+    """A tokenizer.json of VOCAB word-level tokens and a dataset of documents that follow a learnable rule
+    (each token a document-specific step from the last, mostly), so the loss falls; nothing is downloaded."""
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from megatron.data.indexed_dataset import (MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path,
+                                               index_file_path)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {f"w{i}": i for i in range(VOCAB - 1)} | {"<|endoftext|>": VOCAB - 1}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    rng = np.random.default_rng(0)
+    prefix = str(folder / "synthetic_text_document")
+    builder = MMapIndexedDatasetBuilder(data_file_path(prefix), dtype=best_fitting_dtype(VOCAB))
+    lengths = rng.integers(1024, 8192, size=400)
+    for length in lengths:
+        steps = np.where(rng.random(length) < 0.9, rng.integers(1, 64), rng.integers(0, VOCAB - 1, size=length))
+        builder.add_item((rng.integers(0, VOCAB - 1) + np.cumsum(steps)) % (VOCAB - 1))
+        builder.end_document()
+    builder.finalize(index_file_path(prefix))
+    return Path(prefix), folder / "tokenizer.json"
+
+
+def training_overlay(check: Check, data: Path, tokenizer: Path, iterations: int) -> Path:
+    """The YAML laid over configs/1-5B.yml: reduced depth (or, on a CPU, a toy model), one process, bf16 on the
+    GPU (fp32 on a CPU), the check's data, no periodic saves or long evaluations."""
+    if check.cpu:
+        model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "qkv_slot_num": 64,
+                 "proj_slot_num": 64, "ffn_slot_num": 256, "seq_length": 64, "max_position_embeddings": 64,
+                 "fp16": {"enabled": False}, "train_micro_batch_size_per_gpu": 2, "train_batch_size": 2}
+    else:
+        model = {"num_layers": 4, "fp16": {"enabled": False}, "bf16": {"enabled": True},
+                 "train_micro_batch_size_per_gpu": 8, "train_batch_size": 8}
+    overlay = {**model, "num_gpus": 1, "gradient_accumulation_steps": 1, "checkpoint_activations": False,
+               "train_iters": iterations, "lr_decay_iters": iterations, "warmup": 0.1,
+               "data_path": str(data), "vocab_file": str(tokenizer), "tokenizer_type": "HFTokenizer",
+               "split": "990,10,0", "eval_interval": 100000, "eval_iters": 1, "log_interval": 1,
+               "checkpoint_factor": 100000, "extra_save_iters": None, "keep_last_n_checkpoints": None}
+    path = check.work / ("overlay_cpu.yml" if check.cpu else "overlay.yml")
+    path.write_text(json.dumps(overlay))  # JSON is YAML
+    return path
+
+
+def read_train_records(log_dir: Path) -> list[dict]:
+    lines = (log_dir / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["split"] == "train"]
+
+
+def run_summary(records: list[dict]) -> dict:
+    """Medians after the warm-up iterations (or the last half, in a short run); the peak memory's maximum."""
+    steady = [r for r in records if r["iteration"] > WARMUP_ITERATIONS] or records[len(records) // 2:]
+    median = lambda key: None if steady[0][key] is None else statistics.median(r[key] for r in steady)  # noqa: E731
+    return {"iterations": len(records), "tokens_per_sec": median("tokens_per_sec"),
+            "tflops_per_device": median("tflops_per_device"), "mfu": median("mfu"),
+            "peak_memory_gib": max(r["peak_memory_bytes"] for r in records) / 2**30,
+            "losses": {r["iteration"]: r["lm_loss"] for r in records}}
+
+
+def step_training(check: Check, result: StepResult) -> None:
+    from tests.distributed import free_port
+
+    iterations, stop = (8, 5) if check.cpu else (30, 20)
+    data, tokenizer = write_training_data(check.work / "data")
+    overlay = training_overlay(check, data, tokenizer, iterations)
+    runs = {"flash": ["pattention_impl=flash"],
+            "flash stopped": ["pattention_impl=flash", f"exit_interval={stop}", f"save={check.work / 'ckpt'}"],
+            "flash resumed": ["pattention_impl=flash", f"load={check.work / 'ckpt'}"],
+            "fused": ["pattention_impl=fused"]}
+    summaries = {}
+    for name, overrides in runs.items():
+        log_dir = check.work / "logs" / name.replace(" ", "_")
+        done = check.run([sys.executable, "deepy.py", "train.py", "configs/1-5B.yml", str(overlay), *overrides,
+                          f"log_dir={log_dir}", f"master_port={free_port()}"], timeout=150 if not check.cpu else 300)
+        if done.returncode != 0:
+            result.status = "failed"
+            result.summary = f"{name}: deepy.py exited {done.returncode}"
+            result.details = {"run": name, "output": tail(done.stdout + "\n" + done.stderr, 40)}
+            return
+        summaries[name] = run_summary(read_train_records(log_dir))
+    full, stopped, resumed = (summaries[k]["losses"] for k in ("flash", "flash stopped", "flash resumed"))
+    deterministic = all(stopped[i] == full[i] for i in range(1, stop + 1))
+    exact_resume = sorted(resumed) == list(range(stop + 1, iterations + 1)) and all(
+        resumed[i] == full[i] for i in resumed)
+    fused_gap = max(abs(summaries["fused"]["losses"][i] - full[i]) / abs(full[i]) for i in full)
+    result.details = {"runs": {k: {**v, "losses": {str(i): x for i, x in v["losses"].items()}}
+                               for k, v in summaries.items()},
+                      "deterministic": deterministic, "exact_resume": exact_resume,
+                      "fused_vs_flash_max_relative_loss_gap": fused_gap}
+    flash, fused = summaries["flash"], summaries["fused"]
+    mfu = lambda s: "no MFU" if s["mfu"] is None else f"MFU {s['mfu']:.1%}"  # noqa: E731
+    result.summary = (f"flash {flash['tokens_per_sec']:,.0f} tok/s {flash['tflops_per_device']:.3g} TFLOP/s "
+                      f"{mfu(flash)} {flash['peak_memory_gib']:.1f} GiB; fused {fused['tokens_per_sec']:,.0f} tok/s "
+                      f"{mfu(fused)} {fused['peak_memory_gib']:.1f} GiB; stopped run = full run bitwise: "
+                      f"{deterministic}; resumed = full bitwise: {exact_resume}")
+    if not exact_resume:
+        result.status = "failed"
+
+
+def step_max_batch(check: Check, result: StepResult) -> None:
+    report = check.work / "max_batch.json"
+    done = check.run([sys.executable, "-m", "benchmarks.max_micro_batch", "--json", str(report)], timeout=180)
+    if done.returncode == UNAVAILABLE_EXIT:
+        result.status, result.summary = "unavailable", tail(done.stderr, 1)
+        return
+    if done.returncode != 0:
+        result.status, result.summary = "failed", tail(done.stderr, 5)
+        return
+    data = json.loads(report.read_text())
+    data["table"] = tail(done.stdout, 8)
+    result.details = data
+    fused, flash = data["rows"]
+    result.summary = (f"fused {fused['largest']} (predicted {fused['predicted']['reserve 0']}), flash "
+                      f"{flash['largest']} (predicted {flash['predicted']['reserve 0']}): ratio {data['ratio']:.2f}")
+
+
+STEPS: dict[str, Callable[[Check, StepResult], None]] = {
+    "kit": step_kit, "environment": step_environment, "gpu-tests": step_gpu_tests, "kernels": step_kernels,
+    "training": step_training, "max-batch": step_max_batch,
+}
+
+
+# --- report --------------------------------------------------------------------------------------------------
+
+def target_figures(results: dict[str, StepResult], wall: float) -> dict[str, float | None]:
+    kernels, max_batch = results["kernels"].details, results["max-batch"].details
+    training = results["training"].details.get("runs", {}).get("flash", {})
+    return {"flash / six GEMMs at 1-5B shapes": kernels.get("flash_over_gemms_1_5B"),
+            "training MFU (flash)": training.get("mfu"),
+            "flash / fused peak memory at n >= 4d": kernels.get("peak_flash_over_fused_n_ge_4d"),
+            "largest micro-batch flash / fused": max_batch.get("ratio"),
+            "script wall time (s)": wall}
+
+
+def verdict(figure: float | None, rule: tuple[str, float]) -> str:
+    if figure is None:
+        return "not measured"
+    op, bound = rule
+    return "met" if (figure <= bound if op == "<=" else figure >= bound) else "missed"
+
+
+def write_report(results: list[StepResult], wall: float, out: Path, cpu: bool) -> dict:
+    by_name = {r.name: r for r in results}
+    figures = target_figures(by_name, wall)
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "mode": "cpu-plumbing" if cpu else "gpu", "wall_seconds": wall,
+              "environment": by_name["environment"].details,
+              "steps": [dataclasses.asdict(r) for r in results],
+              "targets": {name: {"figure": figures[name], "rule": f"{op} {bound:g}",
+                                 "verdict": verdict(figures[name], (op, bound))}
+                          for name, (op, bound) in TARGETS.items()}}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    lines = [f"# GPU check, {report['date']} ({report['mode']})", "", by_name["environment"].summary, "",
+             "| step | status | seconds | result |", "|---|---|---|---|"]
+    lines += [f"| {r.name} | {r.status} | {r.seconds:.0f} | {r.summary.replace('|', '/')} |" for r in results]
+    lines += ["", "| target | rule | figure | verdict |", "|---|---|---|---|"]
+    lines += [f"| {name} | {t['rule']} | {'-' if t['figure'] is None else format(t['figure'], '.3g')} | "
+              f"{t['verdict']} |" for name, t in report["targets"].items()]
+    for r in results:
+        table = r.details.get("table") or r.details.get("output")
+        if table:
+            lines += ["", f"## {r.name}", "", "```", table, "```"]
+    (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+    return report
+
+
+def print_table(results: list[StepResult], report: dict) -> None:
+    print(f"\n{'step':<12} {'status':<12} {'s':>5}  result")
+    for r in results:
+        print(f"{r.name:<12} {r.status:<12} {r.seconds:>5.0f}  {r.summary}")
+    for name, target in report["targets"].items():
+        figure = "-" if target["figure"] is None else format(target["figure"], ".3g")
+        print(f"target: {name} {target['rule']}: {figure} ({target['verdict']})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kit", default=None, help="folder of the GPU kit's wheels (make gpu-kit: .gpu-kit)")
+    parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="where the report goes")
+    parser.add_argument("--skip", nargs="*", default=[], choices=list(STEPS), help="steps left out")
+    parser.add_argument("--cpu-plumbing", action="store_true",
+                        help="run the steps at toy sizes on a CPU (tests/test_gpu_check.py)")
+    options = parser.parse_args()
+    if not options.cpu_plumbing:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("benchmarks.gpu_check: needs a CUDA device (torch.cuda.is_available() is False); nothing "
+                  "measured (--cpu-plumbing runs the steps at toy sizes on a CPU)", file=sys.stderr)
+            sys.exit(UNAVAILABLE_EXIT)
+    check = Check(options)
+    start = time.perf_counter()
+    try:
+        for name, step in STEPS.items():
+            result = StepResult(name)
+            step_start = time.perf_counter()
+            if name in options.skip:
+                result.status, result.summary = "skipped", "--skip"
+            else:
+                try:
+                    step(check, result)
+                except Exception as error:  # one step's failure is reported; the others still run
+                    result.status, result.summary = "failed", f"{type(error).__name__}: {error}"
+            result.seconds = time.perf_counter() - step_start
+            check.results.append(result)
+            print(f"[gpu_check] {name}: {result.status} ({result.seconds:.0f} s) {result.summary}", flush=True)
+    finally:
+        shutil.rmtree(check.work, ignore_errors=True)
+    report = write_report(check.results, time.perf_counter() - start, Path(options.out), options.cpu_plumbing)
+    print_table(check.results, report)
+    sys.exit(1 if any(r.status == "failed" for r in check.results) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""benchmarks/gpu_check.py, the one command for a borrowed GPU machine, run on this CPU so that its plumbing is known
+to work before GPU time is spent on it: without CUDA it refuses in one line (exit 2); with --cpu-plumbing every step
+runs at toy sizes, the GPU-only ones say "unavailable", the four deepy.py launches train, stop, resume bitwise, and
+the JSON and markdown reports are written with the step list and the targets."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.gpu_check import STEPS, TARGETS, largest_config_rows, pytest_counts
+from benchmarks.max_micro_batch import largest_that_fits
+from tests.conftest import REPO
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the check would run for real")
+def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1].startswith("benchmarks.gpu_check: needs a CUDA device")
+    assert not any(tmp_path.iterdir())
+
+
+def test_pytest_counts_reads_the_closing_line():
+    assert pytest_counts("....\n24 passed, 2 skipped in 30.1s\n") == {"passed": 24, "skipped": 2}
+    assert pytest_counts("F\n1 failed, 3 passed, 1 error in 2s") == {"failed": 1, "passed": 3, "error": 1}
+    assert pytest_counts("") == {}
+
+
+@pytest.mark.parametrize("limit", [1, 7, 64])
+@pytest.mark.parametrize("capacity", [0, 1, 5, 16, 17, 63, 64])
+def test_the_micro_batch_search_finds_the_largest_that_fits(capacity, limit):
+    tried = []
+
+    def fits(batch):
+        tried.append(batch)
+        return batch <= capacity
+
+    assert largest_that_fits(fits, limit) == min(capacity, limit)
+    assert len(tried) <= 2 * limit.bit_length() + 1
+
+
+def test_the_largest_config_rows_are_the_1_5B_shapes():
+    rows = [{"name": "150M ffn"}, {"name": "1-5B qkv/proj"}, {"name": "1-5B ffn"}]
+    assert largest_config_rows(rows) == rows[1:]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
+    """The kit is built (package index) and installed into a temporary site folder; the rest as on a GPU."""
+    kit = tmp_path / "kit"
+    subprocess.run([sys.executable, "-m", "benchmarks.gpu_kit", "build", "--out", str(kit)], cwd=REPO, check=True,
+                   capture_output=True, timeout=600)
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-plumbing", "--kit", str(kit),
+                             "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((out / "gpu_check.json").read_text())
+    steps = {step["name"]: step for step in report["steps"]}
+    assert list(steps) == list(STEPS)
+    assert steps["kit"]["status"] == "ok" and len(steps["kit"]["details"]["wheels"]) >= 7
+    assert steps["environment"]["details"]["deepspeed"] == "0.19.8"
+    assert steps["environment"]["details"]["gemm_tflops"] > 0
+    assert steps["gpu-tests"]["status"] == "unavailable" and steps["gpu-tests"]["details"]["counts"]["skipped"] > 0
+    assert steps["kernels"]["status"] == steps["max-batch"]["status"] == "unavailable"
+    training = steps["training"]
+    assert training["status"] == "ok", training
+    assert training["details"]["deterministic"] and training["details"]["exact_resume"]
+    runs = training["details"]["runs"]
+    assert set(runs) == {"flash", "flash stopped", "flash resumed", "fused"}
+    assert runs["flash resumed"]["iterations"] == 3 and runs["flash stopped"]["iterations"] == 5
+    for run in runs.values():
+        assert run["tokens_per_sec"] > 0 and run["tflops_per_device"] > 0 and run["peak_memory_gib"] > 0.1
+        assert run["mfu"] is None  # a CPU has no peak in the table
+    assert training["details"]["fused_vs_flash_max_relative_loss_gap"] < 1e-4
+    assert set(report["targets"]) == set(TARGETS)
+    assert report["targets"]["script wall time (s)"]["verdict"] == "met"
+    markdown = (out / "gpu_check.md").read_text()
+    assert "| training | ok |" in markdown and "| target | rule | figure | verdict |" in markdown
+    assert result.stdout.splitlines()[-1].startswith("target: script wall time (s) <= 480:")
