@@ -13,8 +13,9 @@ run in one process with the same threads, batch, sequence length and AdamW; a st
 backward + optimizer update, the models alternate, and each keeps its fastest step
 (benchmarks/timing.py). FLOP/s use the training formula of megatron/model/flops.py for both models
 (same count); the GEMM peak is the fastest large fp32 matmul measured here (before and after the
-steps), "of peak" the achieved FLOP/s over it. The last line is TokenFormer's tokens/s over
-GPT-NeoX's.
+steps), "of peak" the achieved FLOP/s over it. TokenFormer runs with each of its two fast Pattention
+implementations; the last line is the default's (pattention_impl: auto, decided for this batch and machine as a
+training run decides it) tokens/s over GPT-NeoX's.
 """
 
 from __future__ import annotations
@@ -35,12 +36,25 @@ def gemm_peak_flops(repeats: int, clock: str, size: int = 2048) -> float:
     return 2 * size**3 / fastest({"gemm": lambda: a @ b}, repeats, clock)["gemm"]
 
 
-def tokenformer(args: argparse.Namespace) -> torch.nn.Module:
+def tokenformer_args(args: argparse.Namespace, impl: str) -> TokenFormerArgs:
     d = args.hidden
-    return TokenFormerModel(TokenFormerArgs(
+    return TokenFormerArgs(
         padded_vocab_size=args.vocab, hidden_size=d, num_layers=args.layers, num_attention_heads=args.heads,
         qkv_slot_num=d, proj_slot_num=d, ffn_slot_num=4 * d, seq_length=args.seq, rotary_pct=0.25,
-        output_layer_init_method="wang_init"))
+        output_layer_init_method="wang_init", pattention_impl=impl)
+
+
+def default_impl(args: argparse.Namespace) -> str:
+    """What pattention_impl: auto, the config's default, picks for this model and batch on this machine (one
+    fp32 process)."""
+    from deepspeed.accelerator import get_accelerator
+
+    from megatron.training.pattention_choice import RunShape, choose_pattention_impl
+
+    shape = RunShape(micro_batch=args.batch, precision="fp32", zero_stage=0, data_parallel=1, tensor_parallel=1,
+                     pipeline_parallel=1)
+    return choose_pattention_impl(tokenformer_args(args, "fused"), shape, "cpu",
+                                  int(get_accelerator().total_memory()))[0]
 
 
 def gpt_neox(args: argparse.Namespace) -> torch.nn.Module:
@@ -90,8 +104,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    models = {"TokenFormer": tokenformer(args), "GPTNeoXForCausalLM": gpt_neox(args)}
-    flops = flops_per_token(models["TokenFormer"].args, include_recompute=False)
+    default = default_impl(args)
+    models = {f"TokenFormer {impl}": TokenFormerModel(tokenformer_args(args, impl)) for impl in ("fused", "flash")}
+    models["GPTNeoXForCausalLM"] = gpt_neox(args)
+    flops = flops_per_token(tokenformer_args(args, default), include_recompute=False)
     first_peak = gemm_peak_flops(args.repeats, args.clock)
     best = fastest({name: training_step(model, args) for name, model in models.items()}, args.repeats, args.clock)
     rates = {name: args.batch * args.seq / seconds for name, seconds in best.items()}
@@ -99,15 +115,17 @@ def main() -> None:
     print(f"threads={torch.get_num_threads()} d={args.hidden} layers={args.layers} seq={args.seq} "
           f"batch={args.batch} vocab={args.vocab}; GEMM peak {peak / 1e9:.1f} GFLOP/s; fastest of "
           f"{args.repeats} alternating steps ({args.clock} clock)")
-    header = f"{'model':<20} {'params':>10} {'tokens/s':>10} {'GFLOP/s':>9} {'of peak':>8}"
+    header = f"{'model':<20} {'params':>10} {'tokens/s':>10} {'GFLOP/s':>9} {'of peak':>8} {'/ GPT-NeoX':>10}"
     print(header)
     print("-" * len(header))
+    neox = rates["GPTNeoXForCausalLM"]
     for name, model in models.items():
         params = sum(p.numel() for p in model.parameters())
         achieved = rates[name] * flops
-        print(f"{name:<20} {params / 1e6:>9.2f}M {rates[name]:>10,.0f} {achieved / 1e9:>9.1f} {achieved / peak:>8.0%}")
-    print(f"ratio: TokenFormer tokens/s / GPTNeoXForCausalLM tokens/s = "
-          f"{rates['TokenFormer'] / rates['GPTNeoXForCausalLM']:.2f}")
+        print(f"{name:<20} {params / 1e6:>9.2f}M {rates[name]:>10,.0f} {achieved / 1e9:>9.1f} {achieved / peak:>8.0%} "
+              f"{rates[name] / neox:>10.2f}")
+    print(f"ratio: TokenFormer tokens/s (the default, pattention_impl: auto -> {default}) / GPTNeoXForCausalLM "
+          f"tokens/s = {rates[f'TokenFormer {default}'] / neox:.2f}")
 
 
 if __name__ == "__main__":
