@@ -183,22 +183,29 @@ def largest_config_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["name"].startswith("1-5B")]
 
 
+def run_benchmark(check: Check, result: StepResult, module: str, arguments: list[str],
+                  timeout: float) -> tuple[dict, str] | None:
+    """`python -m module ARGS --json FILE`: (its JSON, its output), or None with the result marked unavailable
+    (exit 2: no CUDA) or failed."""
+    report = check.work / f"{module.rsplit('.', 1)[-1]}.json"
+    done = check.run([sys.executable, "-m", module, *arguments, "--json", str(report)], timeout=timeout)
+    if done.returncode == 0:
+        return json.loads(report.read_text()), done.stdout
+    result.status = "unavailable" if done.returncode == UNAVAILABLE_EXIT else "failed"
+    result.summary = tail(done.stderr, 1 if done.returncode == UNAVAILABLE_EXIT else 5)
+    return None
+
+
 def step_kernels(check: Check, result: StepResult) -> None:
-    report = check.work / "kernels.json"
-    done = check.run([sys.executable, "-m", "benchmarks.gpu_pattention", "--no-steps", "--repeats", "5",
-                      "--json", str(report)], timeout=240)
-    if done.returncode == UNAVAILABLE_EXIT:
-        result.status, result.summary = "unavailable", tail(done.stderr, 1)
+    ran = run_benchmark(check, result, "benchmarks.gpu_pattention", ["--no-steps", "--repeats", "5"], 240)
+    if ran is None:
         return
-    if done.returncode != 0:
-        result.status, result.summary = "failed", tail(done.stderr, 5)
-        return
-    data = json.loads(report.read_text())
+    data, output = ran
     largest = largest_config_rows(data["kernels"])
     wide = [r for r in data["kernels"] if r["n"] >= 4 * r["d"]]
     data["flash_over_gemms_1_5B"] = sum(r["flash"] for r in largest) / sum(r["gemms"] for r in largest)
     data["peak_flash_over_fused_n_ge_4d"] = max(r["peak"] for r in wide)
-    data["table"] = tail(done.stdout, 40)
+    data["table"] = tail(output, 40)
     result.details = data
     result.summary = (f"flash / six GEMMs: {data['flash_over_gemms']:.2f} overall, "
                       f"{data['flash_over_gemms_1_5B']:.2f} at 1-5B shapes; flash / fused peak memory at n >= 4d "
@@ -307,16 +314,11 @@ def step_training(check: Check, result: StepResult) -> None:
 
 
 def step_max_batch(check: Check, result: StepResult) -> None:
-    report = check.work / "max_batch.json"
-    done = check.run([sys.executable, "-m", "benchmarks.max_micro_batch", "--json", str(report)], timeout=180)
-    if done.returncode == UNAVAILABLE_EXIT:
-        result.status, result.summary = "unavailable", tail(done.stderr, 1)
+    ran = run_benchmark(check, result, "benchmarks.max_micro_batch", [], 180)
+    if ran is None:
         return
-    if done.returncode != 0:
-        result.status, result.summary = "failed", tail(done.stderr, 5)
-        return
-    data = json.loads(report.read_text())
-    data["table"] = tail(done.stdout, 8)
+    data, output = ran
+    data["table"] = tail(output, 8)
     result.details = data
     fused, flash = data["rows"]
     result.summary = (f"fused {fused['largest']} (predicted {fused['predicted']['reserve 0']}), flash "
