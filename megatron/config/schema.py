@@ -126,8 +126,8 @@ _MODEL = (
         "How every Pattention is computed (the same function and gradients, different memory and time; "
         "docs/performance.md): auto takes fused unless the memory model says a training step of the configured "
         "micro-batch would not fit the device with it, and flash then (the run's first lines say which and why; "
-        "inference and conversion take fused); flash keeps its input and O(tokens) statistics for backward (gelu_l2_norm and "
-        "softmax: also the output), visiting the parameter tokens in tiles (Triton kernels on CUDA, PyTorch "
+        "inference and conversion take fused); flash keeps its input and O(tokens) statistics for backward "
+        "(gelu_l2_norm and softmax: also the output), visiting the parameter tokens in tiles (Triton kernels on CUDA, PyTorch "
         "elsewhere) at the cost of recomputing the scores; fused keeps one [tokens, n] score matrix per "
         "Pattention and is faster where memory does not limit the batch (on a CPU, always); plain is the "
         "reference formula under autograd (about three score matrices).",

@@ -179,9 +179,13 @@ def parameter_count(args: TokenFormerArgs) -> int:
     return count_parameters_by_component(TokenFormerModel(args, device="meta"))["total_params"]
 
 
-def model_state_bytes(params: int, data_parallel: int) -> int:
-    """ZeRO-1: bf16 parameters and gradients on every rank, fp32 master weights, Adam m and v sharded."""
-    return 2 * params + 2 * params + math.ceil(3 * FP32 * params / data_parallel)
+def model_state_bytes(params: int, data_parallel: int, mixed_precision: bool = True, sharded: bool = True) -> int:
+    """Parameters and gradients on every rank (16-bit under mixed precision, else fp32), and the optimizer's
+    states (fp32 master weights under mixed precision, Adam's m and v), sharded over the data-parallel ranks
+    under ZeRO >= 1 (`sharded`). The default is the ZeRO-1 bf16 run of the module docstring."""
+    replicated = (2 + 2) * params if mixed_precision else (FP32 + FP32) * params
+    optimizer = (3 if mixed_precision else 2) * FP32 * params
+    return replicated + (math.ceil(optimizer / data_parallel) if sharded else optimizer)
 
 
 def max_micro_batch(args: TokenFormerArgs, impl: str, checkpointing: bool, gpu_bytes: float, reserve: float,

@@ -1,7 +1,7 @@
 """pattention_impl: auto, decided once per run from the memory model (megatron/model/memory.py).
 
 fused keeps one [tokens, n] score matrix per Pattention and is the faster one wherever memory does not bind
-(on this project's CPU 1.06x GPT-NeoX's tokens/s against flash's 0.58x, benchmarks/RESULTS.md); flash keeps
+(on this project's CPU 1.11x GPT-NeoX's tokens/s against flash's 0.71x, benchmarks/RESULTS.md); flash keeps
 O(tokens) per Pattention and recomputes the scores. So auto takes fused unless the memory model says a
 training step of the configured micro-batch would not fit the device with fused, and flash then. No GPU timing
 has yet shown flash faster at equal memory; when one does, its rule belongs here.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from megatron.model.args import TokenFormerArgs
-from megatron.model.memory import GIB, parameter_count, peak_activation_bytes
+from megatron.model.memory import GIB, model_state_bytes, parameter_count, peak_activation_bytes
 
 RESERVE = 0.10
 _DTYPES = {"fp16": torch.float16, "bfloat16": torch.bfloat16, "fp32": torch.float32}
@@ -55,11 +55,8 @@ class RunShape:
 def training_bytes_per_rank(args: TokenFormerArgs, impl: str, shape: RunShape, device_type: str) -> int:
     """Model states plus the activations at their peak, on one rank (module docstring)."""
     params = math.ceil(parameter_count(args) / (shape.tensor_parallel * shape.pipeline_parallel))
-    mixed = shape.precision != "fp32"
-    replicated = (2 + 2) * params if mixed else (4 + 4) * params  # parameters + gradients
-    optimizer = (4 + 4 + 4 if mixed else 4 + 4) * params  # (fp32 master weights +) Adam's m and v
-    if shape.zero_stage >= 1:
-        optimizer = math.ceil(optimizer / shape.data_parallel)
+    states = model_state_bytes(params, shape.data_parallel, mixed_precision=shape.precision != "fp32",
+                               sharded=shape.zero_stage >= 1)
     tp = shape.tensor_parallel
     per_rank = dataclasses.replace(args, qkv_slot_num=math.ceil(args.qkv_slot_num / tp),
                                    proj_slot_num=math.ceil(args.proj_slot_num / tp),
@@ -67,7 +64,7 @@ def training_bytes_per_rank(args: TokenFormerArgs, impl: str, shape: RunShape, d
                                    padded_vocab_size=math.ceil(args.padded_vocab_size / tp))
     activations = peak_activation_bytes(per_rank, impl, _DTYPES[shape.precision], shape.micro_batch,
                                         args.checkpoint_activations, "cpu" if device_type == "cpu" else "cuda")
-    return replicated + optimizer + activations
+    return states + activations
 
 
 def choose_pattention_impl(args: TokenFormerArgs, shape: RunShape, device_type: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -55,10 +56,11 @@ def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, dee
     cfg.padded_vocab_size = pad_vocab_size(
         tokenizer.vocab_size, cfg.make_vocab_size_divisible_by, cfg.model_parallel_size
     )
-    impl, why = resolve_pattention_impl(cfg, TokenFormerArgs.from_config(cfg), get_accelerator())
+    model_args = TokenFormerArgs.from_config(cfg)
+    impl, why = resolve_pattention_impl(cfg, model_args, get_accelerator())
     if why:
         print_rank_0(f"pattention_impl: auto -> {impl}: {why}")
-    model_args = TokenFormerArgs.from_config(cfg, pattention_impl=impl)
+    model_args = dataclasses.replace(model_args, pattention_impl=impl)
     # pipe_parallel_size 0: the plain model; 1 or more: DeepSpeed's pipeline engine, as in GPT-NeoX.
     pipelined = cfg.pipe_parallel_size >= 1
     if pipelined:
