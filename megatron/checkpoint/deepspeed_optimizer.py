@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES
-from megatron.checkpoint.model_files import load_file
+from megatron.checkpoint.safety import load_checkpoint_file
 
 _SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 
@@ -48,7 +48,7 @@ class PartitionedState:
         self.step = None
         for mp_rank, paths in sorted(shards.items()):
             for path in paths:
-                partition = load_file(path)["optimizer_state_dict"]
+                partition = load_checkpoint_file(path)["optimizer_state_dict"]
                 for group, mapping in enumerate(partition["param_slice_mappings"]):
                     state = _group_state(partition, group)
                     if self.step is None and state:

@@ -11,30 +11,18 @@ it is used, and nothing stays in memory but what the caller keeps.
 
 from __future__ import annotations
 
-import importlib
-from functools import cache
 from pathlib import Path
-from typing import Any
 
-import torch
 from torch import Tensor
 
-from megatron.checkpoint.deepspeed_files import LAYER_FILE, MODEL_FILE, check_ranks, files_by_rank
-from megatron.checkpoint.safety import DEEPSPEED_CHECKPOINT_CLASSES
+from megatron.checkpoint.deepspeed_files import (
+    LAYER_FILE,
+    MODEL_FILE,
+    check_ranks,
+    files_by_rank,
+)
+from megatron.checkpoint.safety import load_checkpoint_file
 from megatron.model.pipeline import model_parameter_name
-
-
-@cache
-def _deepspeed_classes() -> list[type]:
-    """The DeepSpeed classes ZeRO shards pickle, which a weights-only load may rebuild (but not run)."""
-    modules = (name.rpartition(".") for name in sorted(DEEPSPEED_CHECKPOINT_CLASSES))
-    return [getattr(importlib.import_module(module), name) for module, _, name in modules]
-
-
-def load_file(path: Path) -> Any:
-    """A checkpoint file, memory-mapped, unpickling nothing but tensors, containers and DeepSpeed's classes."""
-    with torch.serialization.safe_globals(_deepspeed_classes()):
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 class ModelFiles:
@@ -45,13 +33,13 @@ class ModelFiles:
         if not headers:
             raise FileNotFoundError(f"{tag_dir} holds no mp_rank_XX_model_states.pt: it is not a checkpoint")
         check_ranks(tag_dir, [rank for (rank,) in headers])
-        self.headers = [load_file(headers[(rank,)]) for rank in range(len(headers))]
+        self.headers = [load_checkpoint_file(headers[(rank,)]) for rank in range(len(headers))]
         self._entries: dict[str, dict[int, Tensor]] = {}
         layer_files = files_by_rank(tag_dir, LAYER_FILE)
         if layer_files:
             self.tensor_ranks = check_ranks(tag_dir, [rank for _, rank in layer_files])
             for (layer, rank), path in sorted(layer_files.items()):
-                for key, tensor in load_file(path).items():
+                for key, tensor in load_checkpoint_file(path).items():
                     self._entries.setdefault(model_parameter_name(layer, key, num_layers), {})[rank] = tensor
         else:
             self.tensor_ranks = len(self.headers)

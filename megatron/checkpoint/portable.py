@@ -21,8 +21,8 @@ from typing import BinaryIO
 import torch
 from torch import Tensor
 
-from megatron.checkpoint.model_files import load_file
 from megatron.checkpoint.parameter_state import ParameterState, as_fp32
+from megatron.checkpoint.safety import load_checkpoint_file
 
 MARKER = "training_state.json"
 FORMAT = 1
@@ -71,5 +71,5 @@ class PortableMoments:
         path = moments_file(self.tag_dir, tensor_rank, name)
         if self.step is None or not path.is_file():
             return ParameterState(as_fp32(saved))
-        moments = load_file(path)
+        moments = load_checkpoint_file(path)
         return ParameterState(as_fp32(saved), moments["exp_avg"], moments["exp_avg_sq"])

@@ -6,11 +6,16 @@ and plain containers. DeepSpeed's `engine.load_checkpoint` unpickles fully
 (its ZeRO shards hold a few DeepSpeed objects), so before it runs every file is
 screened: the pickle's referenced globals are listed without executing it, and
 any outside torch's weights-only allowlist and the DeepSpeed classes below make
-the checkpoint refused (docs/reliability.md).
+the checkpoint refused (docs/reliability.md); a getattr is allowed only where a
+weights-only load shows each of its uses to be an enum lookup.
 """
 
 from __future__ import annotations
 
+import enum
+import importlib
+import pickle
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,30 @@ DEEPSPEED_CHECKPOINT_CLASSES = frozenset({
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
 })
+# Some Python 3.11 builds pickle a member of an int-mixin enum, such as ZeRO's stage, by name: as
+# getattr(ZeroStageEnum, "optimizer_states") (Debian 12's 3.11.2 does, 3.11.7 does not). A load stands
+# `enum_member` in for getattr, so that a file can look up such members and nothing else.
+ENUM_LOOKUP = "builtins.getattr"
+
+
+@cache
+def deepspeed_classes() -> tuple[type, ...]:
+    """The DeepSpeed classes ZeRO shards pickle, which a weights-only load may rebuild (but not run)."""
+    modules = (name.rpartition(".") for name in sorted(DEEPSPEED_CHECKPOINT_CLASSES))
+    return tuple(getattr(importlib.import_module(module), name) for module, _, name in modules)
+
+
+def enum_member(cls: Any, name: Any) -> enum.Enum:
+    """getattr, as far as a checkpoint may use it: a member of one of DeepSpeed's checkpoint enums."""
+    if not (cls in deepspeed_classes() and issubclass(cls, enum.Enum) and name in cls.__members__):
+        raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not a member of a DeepSpeed checkpoint enum")
+    return cls[name]
+
+
+def load_checkpoint_file(path: Path) -> Any:
+    """A DeepSpeed checkpoint file, memory-mapped, unpickling only tensors, containers and DeepSpeed's classes."""
+    with torch.serialization.safe_globals([*deepspeed_classes(), (enum_member, ENUM_LOOKUP)]):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def unpickling_problems(directory: Path, name: str) -> list[str]:
@@ -41,6 +70,13 @@ def unpickling_problems(directory: Path, name: str) -> list[str]:
         reason = (str(error) or type(error).__name__).splitlines()[0]
         return [f"{name} is not a readable torch file (truncated or corrupted): {reason}"]
     unexpected -= DEEPSPEED_CHECKPOINT_CLASSES
+    if unexpected == {ENUM_LOOKUP}:
+        # The same bytes unpickle the same calls: if each getattr is an enum lookup here, it is one in DeepSpeed's load.
+        try:
+            load_checkpoint_file(directory / name)
+            unexpected = set()
+        except (pickle.UnpicklingError, RuntimeError, ValueError, OSError):
+            pass
     if unexpected:
         return [f"{name} refers to {', '.join(sorted(unexpected))}, which loading would run; a checkpoint holds "
                 "only tensors and DeepSpeed's checkpoint classes (megatron/checkpoint/safety.py)"]
