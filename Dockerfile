@@ -4,10 +4,20 @@
 #   docker run --gpus all --rm --ipc=host -v "$PWD/data:/workspace/data" -v "$PWD/checkpoints:/workspace/checkpoints" \
 #       tokenformer-neox python deepy.py train.py configs/150M.yml configs/local_setup.yml
 #
+# The container runs as uid 1000: the mounted checkpoints folder must be writable by it.
 # CUDA 13.0 is what torch==2.13.0 from PyPI is built for; Python 3.11 is the version the CPU
 # set-up is tested with; the Python packages are exactly the pins of requirements/
 # (tests/test_docker.py checks all three). docs/cluster.md has the multi-node commands.
-FROM nvidia/cuda:13.0.2-cudnn-devel-ubuntu22.04
+#
+# Build arguments (defaults: the GPU image above):
+#   BASE_IMAGE    any Debian or Ubuntu image with Python 3.11 in its archive (a CPU image: debian:bookworm)
+#   REQUIREMENTS  files of requirements/ to install (a CPU image: requirements.txt requirements-dev.txt ...)
+#   PIP_OPTIONS   extra pip options, e.g. "--extra-index-url https://download.pytorch.org/whl/cpu" for CPU torch
+# Behind a TLS-intercepting proxy, give pip its CA bundle as a build secret (never stored in the image):
+#   docker build --secret id=ca_bundle,src=/etc/ssl/certs/ca-certificates.crt ...
+# tests/test_docker_image.py builds and runs the CPU image this way with podman (docs/cluster.md).
+ARG BASE_IMAGE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu22.04
+FROM ${BASE_IMAGE}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -28,10 +38,14 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 RUN python3.11 -m venv /opt/venv
 COPY requirements/ /tmp/requirements/
-RUN pip install \
-        -r /tmp/requirements/requirements-gpu.txt \
-        -r /tmp/requirements/requirements-mpi.txt \
-        -r /tmp/requirements/requirements-logging.txt \
+ARG REQUIREMENTS="requirements-gpu.txt requirements-mpi.txt requirements-logging.txt"
+ARG PIP_OPTIONS=""
+# The pins are in the files REQUIREMENTS names (DL3013); splitting the two arguments into words is
+# the point (SC2046, SC2086).
+# hadolint ignore=DL3013,SC2046,SC2086
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+    && pip install $PIP_OPTIONS $(printf -- '-r /tmp/requirements/%s ' $REQUIREMENTS) \
     && rm -rf /tmp/requirements
 
 RUN useradd --create-home --uid 1000 --user-group tokenformer \

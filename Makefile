@@ -9,7 +9,7 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo demo-data test test-fast test-gpu docs bench bench-gpu gpu-kit scaling-study clean-demo
+.PHONY: install demo demo-data test test-fast test-gpu docker-test docs bench bench-gpu gpu-kit scaling-study clean-demo
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ test-fast: $(STAMP)
 # Needs a CUDA device; elsewhere every test is skipped with that reason.
 test-gpu: $(STAMP)
 	$(PY) -m pytest tests -m gpu
+
+# The Docker image built with podman (CPU variant, local Debian base) and run: tests/test_docker_image.py.
+# Installs podman, runc and debootstrap with apt-get when missing (as root); part of `make test` too.
+docker-test: $(STAMP)
+	$(PY) -m pytest tests/test_docker_image.py
 
 docs: $(STAMP)
 	$(PY) -m megatron.config.docs

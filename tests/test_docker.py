@@ -48,8 +48,8 @@ def pyproject_pins(specifiers: list[str]) -> dict[str, str]:
 
 
 def image_requirement_files() -> list[str]:
-    """The requirements files the Dockerfile's `pip install -r` lines name."""
-    return re.findall(r"-r /tmp/requirements/(\S+)", DOCKERFILE.read_text())
+    """The requirements files the GPU image installs: the default of the Dockerfile's REQUIREMENTS argument."""
+    return re.search(r'^ARG REQUIREMENTS="([^"]+)"$', DOCKERFILE.read_text(), re.MULTILINE)[1].split()
 
 
 def test_hadolint_passes():
@@ -103,6 +103,31 @@ def test_pip_resolves_the_image_requirements_with_the_base_images_cuda(tmp_path)
     for name in image_requirement_files():
         for package, version in pins(REQUIREMENTS / name).items():
             assert resolved[package]["version"] == version, package
-    base_cuda = re.search(r"^FROM nvidia/cuda:(\d+)\.", DOCKERFILE.read_text(), re.MULTILINE)[1]
+    base_cuda = re.search(r"^ARG BASE_IMAGE=nvidia/cuda:(\d+)\.", DOCKERFILE.read_text(), re.MULTILINE)[1]
     torch_cuda = {m[1] for dep in resolved["torch"]["requires_dist"] if (m := re.search(r"-cu(\d+)\b", dep))}
     assert torch_cuda == {base_cuda}, resolved["torch"]["requires_dist"]
+
+
+def test_cluster_docs_show_the_commands_the_image_test_runs():
+    from tests import docker_image
+
+    text = (REPO / "docs" / "cluster.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+    shown = " ".join(" ".join(block.replace("\\\n", " ").split()) for block in blocks)
+    for command in docker_image.documented_commands():
+        assert " ".join(command.split()) in shown, f"docs/cluster.md does not show: {command}"
+    assert docker_image.CONTAINERS_CONF in text
+
+
+def test_the_cpu_image_is_the_same_dockerfile_with_build_arguments():
+    from tests import docker_image
+
+    text = DOCKERFILE.read_text()
+    declared = set(re.findall(r"^ARG (\w+)", text, re.MULTILINE))
+    command = docker_image.build("image")
+    given = {value.split("=")[0] for flag, value in zip(command, command[1:]) if flag == "--build-arg"}
+    assert given == {"BASE_IMAGE", "REQUIREMENTS", "PIP_OPTIONS"} <= declared
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.MULTILINE)
+    for name in docker_image.CPU_REQUIREMENTS.split():
+        assert (REQUIREMENTS / name).is_file(), name
+    assert "requirements-gpu.txt" not in docker_image.CPU_REQUIREMENTS

@@ -1,0 +1,125 @@
+"""The Docker image, really built and run: the Dockerfile's CPU variant under podman, as its non-root user.
+
+The base image is made here from Debian's archive (debootstrap; cached between runs as
+localhost/debian:bookworm), the project's image is built from the unchanged Dockerfile with the CPU
+requirement set, and in the container, offline, with data/ and a checkpoints folder mounted from the host:
+the unit tier runs, the demo corpus is built, the demo config trains 20 iterations on 2 processes and
+resumes to 30. On the host, the checkpoints written inside are owned by the image's user and readable,
+load with the framework and export with tools/convert_to_hf.py. Each failure names its step; the image
+is removed afterwards (the base stays). `make docker-test` runs this file alone.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests import docker_image
+from tests.conftest import REPO
+from tests.system_packages import require_debian_packages
+from tests.test_docker import pins
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+IMAGE_UID = 1000
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory) -> dict[str, str]:
+    """podman, runc and debootstrap installed; the environment podman commands run in."""
+    require_debian_packages({"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"})
+    conf = tmp_path_factory.mktemp("podman") / "containers.conf"
+    conf.write_text(docker_image.CONTAINERS_CONF)
+    return dict(os.environ, CONTAINERS_CONF=str(conf))
+
+
+def step(name: str, command: list[str], env: dict[str, str], timeout: float = 900, **kwargs) -> str:
+    """Run one step; on failure, one message naming the step, the command and the end of its output."""
+    try:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"step '{name}' did not finish in {timeout:.0f} s: {docker_image.shell(command)}")
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        pytest.fail(f"step '{name}' exited {result.returncode}: {docker_image.shell(command)}\n{output[-6000:]}")
+    return output
+
+
+def local_cpu_torch() -> str | None:
+    """A folder of this machine's pip configuration that holds the CPU torch wheel the image's Python takes."""
+    config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    folders = re.findall(r"find-links='([^']+)'", config) + os.environ.get("PIP_FIND_LINKS", "").split()
+    torch_pin = pins(REPO / "requirements" / "requirements.txt")["torch"]
+    for folder in dict.fromkeys(folders):
+        if glob.glob(f"{folder}/torch-{torch_pin}+cpu-cp311-*.whl"):
+            return folder
+    return None
+
+
+@pytest.fixture(scope="module")
+def image(podman, tmp_path_factory) -> str:
+    """The project's CPU image, built on the local Debian base (made first if missing); removed afterwards."""
+    if subprocess.run(["podman", "image", "exists", docker_image.BASE_IMAGE], env=podman).returncode != 0:
+        rootfs = tmp_path_factory.mktemp("base") / "rootfs"
+        for line in docker_image.make_base(str(rootfs)):
+            step("make the Debian base image", ["bash", "-o", "pipefail", "-c", line], podman)
+        shutil.rmtree(rootfs)
+    tag = f"localhost/tokenformer-neox-test:{uuid.uuid4().hex[:12]}"
+    wheels = local_cpu_torch()
+    options = dict(pip_options=f"--find-links {wheels}", volumes=(f"{wheels}:{wheels}:ro",)) if wheels else {}
+    ca_bundle = docker_image.CA_BUNDLE if Path(docker_image.CA_BUNDLE).is_file() else None
+    try:
+        step("build the image", docker_image.build(tag, ca_bundle=ca_bundle, **options), podman, timeout=2400,
+             cwd=REPO)
+        yield tag
+    finally:
+        subprocess.run(["podman", "rmi", "--force", tag], env=podman, capture_output=True)
+        subprocess.run(["podman", "image", "prune", "--force"], env=podman, capture_output=True)
+
+
+def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(image, podman, tmp_path):
+    installed = step("pip freeze", ["podman", "run", "--rm", image, "pip", "freeze"], podman)
+    frozen = dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)$", installed, re.MULTILINE))
+    frozen = {re.sub(r"[-_.]+", "-", name).lower(): version.split("+")[0] for name, version in frozen.items()}
+    for name in docker_image.CPU_REQUIREMENTS.split():
+        for package, version in pins(REPO / "requirements" / name).items():
+            assert frozen.get(package) == version, f"{name}: {package}=={version}, the image has {frozen.get(package)}"
+    assert not [name for name in frozen if name.startswith("nvidia-")], "a CPU image without CUDA libraries"
+    assert step("user", ["podman", "run", "--rm", image, "id", "-u"], podman).strip() == str(IMAGE_UID)
+
+    data, checkpoints = tmp_path / "data", tmp_path / "checkpoints"
+    for folder in (data, checkpoints):
+        folder.mkdir()
+        os.chown(folder, IMAGE_UID, IMAGE_UID)
+    outputs = {name: step(name, docker_image.run(image, str(data), str(checkpoints), *argv), podman)
+               for name, argv in docker_image.STEPS.items()}
+    assert re.search(r"\d+ passed", outputs["unit tests"]) and " failed" not in outputs["unit tests"]
+    assert "resumed from checkpoints/demo at iteration 20" in outputs["resume"], outputs["resume"][-3000:]
+
+    run_dir = checkpoints / "demo"
+    metrics = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    trained = [record["iteration"] for record in metrics if record["split"] == "train"]
+    assert trained == list(range(5, docker_image.FINAL_ITERATION + 1, 5)), trained
+    assert {f"global_step{i}" for i in docker_image.SAVED_ITERATIONS[1:]} <= {p.name for p in run_dir.iterdir()}
+    for path in [checkpoints, *checkpoints.rglob("*")]:
+        info = path.stat()
+        assert (info.st_uid, info.st_gid) == (IMAGE_UID, IMAGE_UID), f"{path} is owned by {info.st_uid}:{info.st_gid}"
+        assert info.st_mode & 0o444 == 0o444, f"{path} has mode {info.st_mode & 0o777:o}: not readable by all"
+
+    from megatron.inference.loading import load_model
+
+    model = load_model(run_dir)
+    assert sum(p.numel() for p in model.parameters()) > 0
+    exported = tmp_path / "exported"
+    step("export with tools/convert_to_hf.py", [sys.executable, str(REPO / "tools/convert_to_hf.py"),
+                                               str(run_dir), str(exported)], dict(os.environ), cwd=tmp_path)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in exported.iterdir()}
