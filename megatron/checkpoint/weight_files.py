@@ -9,6 +9,7 @@ config beside it as `config.json` (the JSON `Config.to_json()` writes, also save
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -56,12 +57,24 @@ def _whole(tensor: Tensor) -> Tensor:
     return tensor if alone else tensor.clone(memory_format=torch.contiguous_format)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def save_safetensors(tensors: Mapping[str, Tensor], path: Path) -> None:
+    """A .safetensors file with the mode any new file gets (safetensors writes a private 0600 temporary)."""
+    from safetensors.torch import save_file
+
+    save_file(dict(tensors), path, metadata={"format": "pt"})
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def write_safetensors_shards(state: Mapping[str, Tensor], directory: Path, max_shard_bytes: int) -> list[Path]:
     """`directory`/model.safetensors, or, when the tensors exceed `max_shard_bytes`, shards
     model-0000i-of-0000N.safetensors of at most that size (a larger tensor alone in one) listed by
     model.safetensors.index.json (`weight_map`, `metadata.total_size`), as Hugging Face writes them."""
-    from safetensors.torch import save_file
-
     shards: list[dict[str, Tensor]] = [{}]
     size = 0
     for name, tensor in state.items():
@@ -72,11 +85,11 @@ def write_safetensors_shards(state: Mapping[str, Tensor], directory: Path, max_s
         shards[-1][name] = tensor
         size += tensor.nbytes
     if len(shards) == 1:
-        save_file(shards[0], directory / SAFETENSORS_WEIGHTS, metadata={"format": "pt"})
+        save_safetensors(shards[0], directory / SAFETENSORS_WEIGHTS)
         return [directory / SAFETENSORS_WEIGHTS]
     paths = [directory / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for shard, path in zip(shards, paths):
-        save_file(shard, path, metadata={"format": "pt"})
+        save_safetensors(shard, path)
     index = {"metadata": {"total_size": sum(t.nbytes for shard in shards for t in shard.values())},
              "weight_map": {name: path.name for shard, path in zip(shards, paths) for name in shard}}
     index_path = directory / f"{SAFETENSORS_WEIGHTS}.index.json"
@@ -110,10 +123,8 @@ def write_weights(state: Mapping[str, Tensor], config: Config, directory: str | 
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
     if safetensors:
-        from safetensors.torch import save_file
-
         target = directory / SAFETENSORS_WEIGHTS
-        save_file(tensors, target, metadata={"format": "pt"})
+        save_safetensors(tensors, target)
     else:
         target = directory / TORCH_WEIGHTS
         torch.save(tensors, target)
