@@ -22,7 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from megatron.config import ConfigError, inactive_keys
+from megatron.config import ConfigError, inactive_keys, slow_keys
 from megatron.config.validate import raise_if_any
 from megatron.launch import check_launcher, check_reachable, encode_config, launch_command, launch_notes, world_size
 from megatron.launch.preflight import launches_here, preflight_problems
@@ -62,6 +62,8 @@ def main(argv: list[str]) -> int:
     print(cfg.format(), flush=True)
     for key, reason in [*inactive_keys(cfg, device), *launch_notes(cfg)]:
         print(f"note: {key} has no effect here: {reason}", flush=True)
+    for key, why in slow_keys(cfg, device):
+        print(f"note: {key}: {why}", flush=True)
     command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
     print(f"launching {world_size(slots)} processes: {shlex.join(command[:-1])} <config>", flush=True)
     here = launches_here(cfg, slots)

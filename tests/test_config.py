@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron.config import Config, ConfigError, check_run_inputs, inactive_keys, load_config
+from megatron.config import Config, ConfigError, check_run_inputs, inactive_keys, load_config, slow_keys
 from megatron.config.docs import DOC_PATH, render
 from tests.official_configs import official_configs, write_official_configs
 
@@ -204,6 +204,11 @@ def test_deepspeed_sections_are_checked_with_deepspeed():
      ({"precision": "bfloat16"}, "precision is 'bfloat16'"),
      ({"data_path": "a", "train_data_paths": ["b"]}, "data_path and train_data_paths are both set"),
      ({"train_data_paths": ["a", "b"], "train_data_weights": [1.0]}, "train_data_weights has 1 entries"),
+     ({"train_data_paths": ["a", "b"], "train_data_weights": [1.0, -1.0]},
+      "train_data_weights [1.0, -1.0]: each weight must be a positive number"),
+     ({"valid_data_paths": ["a", "b"], "valid_data_weights": [0, 0]},
+      "valid_data_weights [0.0, 0.0]: each weight must be a positive number (to leave a dataset out, remove it "
+      "from valid_data_paths)"),
      ({"attention_config": [[["global"], 2]]}, "every layer of this framework is a TokenFormer layer")],
 )
 def test_impossible_values_are_rejected(changes, expected):
@@ -414,6 +419,15 @@ def test_inactive_keys_report_only_changed_values():
     assert inactive_keys(nccl, "cuda") == []
 
 
+def test_triton_tiles_on_a_cpu_are_named_as_slow():
+    cfg = load_config([REPO / "configs" / "demo.yml"], ["pattention_impl=flash", "flash_backend=triton"])
+    [(key, why)] = slow_keys(cfg, "cpu")
+    assert key == "flash_backend" and "Triton's interpreter" in why and "flash_backend: pytorch" in why
+    assert slow_keys(cfg, "cuda") == []
+    for fast in (["pattention_impl=flash", "flash_backend=pytorch"], ["pattention_impl=fused", "flash_backend=triton"]):
+        assert slow_keys(load_config([REPO / "configs" / "demo.yml"], fast), "cpu") == []
+
+
 # --- generated documentation ----------------------------------------------------
 
 
@@ -431,3 +445,19 @@ def test_a_key_given_twice_in_one_file_names_both_lines(tmp_path, text, message)
     path.write_text(text)
     with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML: {message}; keep one of them"):
         load_config([path])
+
+
+@pytest.mark.parametrize(("text", "line", "key"), [
+    ("fp16: {enabled:true}\n", 1, "enabled:true"),
+    ("num_layers: 2\noptimizer: {type: Adam, params: {lr:0.1}}\n", 2, "lr:0.1"),
+])
+def test_flow_style_without_a_space_after_the_colon_says_so(tmp_path, text, line, key):
+    path = tmp_path / "flow.yml"
+    path.write_text(text)
+    name, _, value = key.partition(":")
+    with pytest.raises(ConfigError) as error:
+        load_config([path])
+    assert str(error.value) == (f"config file {path} is not valid YAML: {key!r} on line {line} reads as one key "
+                                f"with no value: YAML needs a space after the colon ({{{name}: {value}}})")
+    path.write_text(text.replace(":true", ": true").replace(":0.1", ": 0.1"))
+    load_config([REPO / "configs" / "demo.yml", path])

@@ -1,8 +1,8 @@
 """Configuration: GPT-NeoX style YAML files -> one validated `Config` (see docs/config.md)."""
 
 from megatron.config.config import Config
-from megatron.config.inactive import inactive_keys
+from megatron.config.inactive import inactive_keys, slow_keys
 from megatron.config.loader import load_config
 from megatron.config.validate import ConfigError, check_run_inputs
 
-__all__ = ["Config", "ConfigError", "check_run_inputs", "inactive_keys", "load_config"]
+__all__ = ["Config", "ConfigError", "check_run_inputs", "inactive_keys", "load_config", "slow_keys"]

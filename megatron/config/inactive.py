@@ -1,4 +1,4 @@
-"""Keys that a config sets but that have no effect here, for the launcher to print.
+"""Keys that a config sets but that have no effect here, or a cost the user may not expect, for the launcher to print.
 
 GPT-NeoX files set many keys this framework accepts but does not act on; a
 user who turned one on should be told instead of finding out from the results.
@@ -30,3 +30,11 @@ def inactive_keys(cfg: Config, device_name: str) -> list[tuple[str, str]]:
         if key.inactive and getattr(cfg, key.name) != key.default
     ]
     return unused + _backend_on_cpu(cfg, device_name)
+
+
+def slow_keys(cfg: Config, device_name: str) -> list[tuple[str, str]]:
+    """(key, why) for every key set to a value that makes this run much slower on this device than another value."""
+    if device_name == "cpu" and cfg.flash_backend == "triton" and cfg.pattention_impl == "flash":
+        return [("flash_backend", "triton on a CPU runs the kernels under Triton's interpreter, about 90x slower "
+                 "than flash_backend: pytorch (meant for testing the kernels)")]
+    return []

@@ -37,16 +37,25 @@ class _DuplicateKey(yaml.YAMLError):
                          "(YAML would silently keep the second)")
 
 
+class _NoSpaceAfterColon(yaml.YAMLError):
+    def __init__(self, key: str, line: int) -> None:
+        name, _, value = key.partition(":")
+        super().__init__(f"{key!r} on line {line} reads as one key with no value: YAML needs a space after the "
+                         f"colon ({{{name}: {value}}})")
+
+
 class _ConfigYamlLoader(yaml.SafeLoader):
     """SafeLoader that also reads exponent-only numbers like 1e-5 as floats, and refuses a key given twice in
-    one mapping (PyYAML keeps the last one silently)."""
+    one mapping (PyYAML keeps the last one silently) and a flow-style `{key:value}` (one key, no value)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         lines: dict[str, int] = {}
-        for key_node, _ in node.value:
+        for key_node, value_node in node.value:
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
                 continue  # normalize_keys names a key that is not a string
+            if node.flow_style and ":" in key and value_node.tag.endswith(":null") and not value_node.value:
+                raise _NoSpaceAfterColon(key, key_node.start_mark.line + 1)
             if key in lines:
                 raise _DuplicateKey(key, lines[key], key_node.start_mark.line + 1)
             lines[key] = key_node.start_mark.line + 1

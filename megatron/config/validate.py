@@ -207,6 +207,9 @@ def _weights_match_paths(v: Mapping[str, Any]) -> str | None:
                 f"{stage}_data_weights has {len(weights)} entries but {stage}_data_paths has "
                 f"{len(paths or ())}; give one weight per path"
             )
+        if weights is not None and not all(math.isfinite(w) and w > 0 for w in weights):
+            return (f"{stage}_data_weights {weights}: each weight must be a positive number (to leave a dataset "
+                    f"out, remove it from {stage}_data_paths)")
     return None
 
 
