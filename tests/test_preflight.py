@@ -1,13 +1,16 @@
 """deepy.py refuses, before any process starts, what the ranks would fail on 15-20 s later (issue 21): a busy
-master_port, a vocab_file that is not a tokenizer, a split that gives training no documents, and a checkpoint
+master_port, a vocab_file that is not a tokenizer, a split that gives training no documents, a save directory
+that cannot be written (issue 30), and a checkpoint
 in `load` that does not fit the run (another tensor-parallel size, ZeRO state of another data-parallel size,
 another architecture read from the pipeline's layer files, missing files). Each is one message and exit code 2,
 with no process launched."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import subprocess
 
 import pytest
 
@@ -47,6 +50,32 @@ def test_a_split_that_gives_training_no_documents_is_named(demo_data):
     message = refused(demo_data, "split='0,1,0'", f"master_port={free_port()}")
     assert "with split = '0,1,0' leaves the train split no documents (of " in message
     assert 'give train a share of split (e.g. "969,30,1")' in message
+
+
+@pytest.fixture
+def read_only_directory(tmp_path):
+    """A read-only tmpfs as root (who may write anywhere else), a directory without write permission otherwise."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder, "Permission denied"
+        folder.chmod(0o755)
+        return
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], check=True)
+    yield folder, "Read-only file system"
+    subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def test_a_save_directory_that_cannot_be_written_is_named(demo_data, tmp_path, read_only_directory):
+    folder, reason = read_only_directory
+    message = refused(demo_data, f"save={folder}/checkpoints", f"master_port={free_port()}")
+    assert (f"save = {folder}/checkpoints: not writable ({folder}, where it would be created): {reason}; choose a "
+            "writable save directory or fix its permissions") in message
+    (tmp_path / "notes").write_text("")
+    message = refused(demo_data, f"save={tmp_path}/notes/checkpoints", f"master_port={free_port()}")
+    assert (f"save = {tmp_path}/notes/checkpoints: cannot be a directory ({tmp_path}/notes, where it would be "
+            f"created): {tmp_path}/notes is a file; choose another save directory") in message
 
 
 def test_another_tensor_parallel_size_is_refused_with_the_fix(demo_data, tensor_parallel_checkpoint):

@@ -7,13 +7,15 @@ traceback per rank.
   and that `split` leaves the train part of data_path some documents;
 - the checkpoint a training run resumes from: files present, its layout and every tensor against the model
   (megatron/checkpoint/compatibility.py);
-- the save directory is not in use by another run (megatron/checkpoint/save_lock.py);
+- the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
+  machine, can be written (or created);
 - on a launch from this machine, master_port is free.
 """
 
 from __future__ import annotations
 
 import socket
+import tempfile
 from pathlib import Path
 
 from megatron.checkpoint.compatibility import layout_problems, tensor_problems
@@ -73,6 +75,22 @@ def _master_port_problem(cfg: Config, slots: Slots) -> list[str]:
     return []
 
 
+def _save_directory_problems(save: str) -> list[str]:
+    """A save directory the ranks could not write into: read-only, without permission, or under a file."""
+    path = Path(save).absolute()
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    where = "" if existing == path else f" ({existing}, where it would be created)"
+    if not existing.is_dir():
+        return [f"save = {save}: cannot be a directory{where}: {existing} is a file; choose another save directory"]
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        return [f"save = {save}: not writable{where}: {error.strerror}; choose a writable save directory or fix its "
+                "permissions"]
+    return []
+
+
 def _split_problems(cfg: Config) -> list[str]:
     """A `split` that gives training no documents of data_path (counted from its index header)."""
     if cfg.train_data_paths or not cfg.data_path or cfg.eval_only or cfg.train_iters <= 0:
@@ -95,6 +113,8 @@ def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
         problems += [problem for key, prefix in dataset_prefixes(cfg)
                      for problem in dataset_problems(key, prefix, vocabulary)] or _split_problems(cfg)
         if cfg.save and not cfg.eval_only:
+            if launches_here(cfg, slots):
+                problems += _save_directory_problems(cfg.save)
             try:
                 check_save_directory_free(cfg.save)
             except SaveDirectoryInUse as error:
