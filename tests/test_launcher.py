@@ -147,3 +147,29 @@ def test_a_process_srun_did_not_start_is_told_how_to_launch(clean_rank_environme
 def test_a_process_without_rank_variables_is_told_how_to_launch(clean_rank_environment):
     with pytest.raises(ConfigError, match="this process has no RANK, WORLD_SIZE, .* start it with python deepy.py"):
         export_rank_environment(config())
+
+
+@pytest.mark.parametrize(("environment", "expected"), [
+    ({"LOCAL_SIZE": "2"}, "share"),
+    ({"LOCAL_WORLD_SIZE": "64"}, 1),
+    ({"LOCAL_SIZE": "2", "OMP_NUM_THREADS": "1"}, 1),
+])
+def test_each_rank_takes_its_share_of_the_cores(environment, expected):
+    import subprocess
+
+    cores = len(os.sched_getaffinity(0))
+    expected = max(1, cores // 2) if expected == "share" else expected
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOCAL_SIZE", "LOCAL_WORLD_SIZE")}
+    code = ("from megatron.launch.process_group import share_cores; import torch; share_cores(); "
+            "print(torch.get_num_threads())")
+    result = subprocess.run([sys.executable, "-c", code], env=env | environment | {"RANK": "0"},
+                            capture_output=True, text=True, check=True)
+    *output, threads = result.stdout.splitlines()
+    said = [line for line in output if line.startswith("threads:")]
+    assert int(threads) == expected
+    if "OMP_NUM_THREADS" in environment:
+        assert said == []
+    else:
+        local = environment.get("LOCAL_SIZE") or environment["LOCAL_WORLD_SIZE"]
+        assert said == [f"threads: {expected} per process ({cores} cores, {local} processes per node); "
+                        "set OMP_NUM_THREADS to choose"]

@@ -34,6 +34,7 @@ def baseline_run(demo_data, tmp_path_factory):
         f"save={run_dir}/checkpoints",
         f"log_dir={run_dir}/logs",
         "extra_save_iters=[10]",
+        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
     )
     return run_dir, result
 
@@ -60,6 +61,9 @@ def test_zero1_run_lowers_loss_and_writes_outputs(baseline_run):
     assert (checkpoints / "global_step10" / "mp_rank_00_model_states.pt").is_file()
     assert (checkpoints / "global_step40" / "config.json").is_file()
     assert "run summary" in result.stdout and "final valid loss" in result.stdout
+    cores = len(os.sched_getaffinity(0))
+    said = f"threads: {max(1, cores // 2)} per process ({cores} cores, 2 processes per node)"
+    assert result.stdout.count(said) == 1, result.stdout
 
 
 def test_resume_from_iteration_10_is_bitwise_identical(baseline_run, demo_data, tmp_path):

@@ -83,6 +83,22 @@ def set_seed(seed: int) -> None:
     mpu.seed_model_parallel_rng(seed)
 
 
+def share_cores() -> int:
+    """Give this rank its share of the cores it may run on, as torchrun does: torch's default of every core per
+    process oversubscribes N ranks on one node N-fold. OMP_NUM_THREADS, when set, decides instead. Returns the
+    thread count; rank 0 says it once."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    local_ranks = int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // local_ranks)
+    torch.set_num_threads(threads)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"threads: {threads} per process ({cores} cores, {local_ranks} processes per node); "
+              "set OMP_NUM_THREADS to choose", flush=True)
+    return threads
+
+
 def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     """A rank's entry point (train.py, generate.py, eval.py): `main` on the config deepy.py passed, then the
     process group left and the process ended. An error every rank raises alike (a ConfigError, a damaged
@@ -97,6 +113,7 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     if cfg.flash_backend == "triton" and get_accelerator().device_name() == "cpu":
         # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    share_cores()
     code = 1
     try:
         main(cfg)
