@@ -61,6 +61,12 @@ def test_zero1_run_lowers_loss_and_writes_outputs(baseline_run):
     assert (checkpoints / "global_step10" / "mp_rank_00_model_states.pt").is_file()
     assert (checkpoints / "global_step40" / "config.json").is_file()
     assert "run summary" in result.stdout and "final valid loss" in result.stdout
+    # The first interval is marked as including warm-up; elapsed time grows and the ETA runs down to zero
+    assert [r["includes_warmup"] for r in train] == [True] + [False] * 39
+    assert all(a["elapsed_s"] < b["elapsed_s"] for a, b in zip(train, train[1:]))
+    assert train[-1]["eta_s"] == 0 and all(r["eta_s"] > 0 for r in train[:-1])
+    assert result.stdout.count("(incl. warm-up)") == 1 and "| ETA 0:00:00" in result.stdout
+    assert "| elapsed 0:00:" in result.stdout
     cores = len(os.sched_getaffinity(0))
     said = f"threads: {max(1, cores // 2)} per process ({cores} cores, 2 processes per node)"
     assert result.stdout.count(said) == 1, result.stdout

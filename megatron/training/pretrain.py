@@ -149,7 +149,8 @@ class Trainer:
             return state
         batches = self._iterator(self.splits.train, state.consumed_samples)
         tokens_per_step = cfg.train_batch_size * cfg.seq_length
-        window_start, window_steps = time.perf_counter(), 0
+        self.train_start = window_start = time.perf_counter()
+        window_steps, first_window = 0, True
         while state.iteration < cfg.train_iters:
             lr = self.schedule.apply(self.optimizer, state.iteration)
             loss, grad_norm = train_step(self.engine, batches)
@@ -158,14 +159,17 @@ class Trainer:
             state.consumed_samples += cfg.train_batch_size
             state.last_train_loss = loss
             window_steps += 1
-            if state.iteration % cfg.log_interval == 0 or state.iteration == cfg.train_iters:
+            logged = state.iteration % cfg.log_interval == 0 or state.iteration == cfg.train_iters
+            if logged:
                 elapsed = time.perf_counter() - window_start
-                self._log_train(loss, lr, grad_norm, elapsed / window_steps, tokens_per_step)
-                window_start, window_steps = time.perf_counter(), 0
+                self._log_train(loss, lr, grad_norm, elapsed / window_steps, tokens_per_step, first_window)
+                window_steps, first_window = 0, False
             if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
                 self.evaluate()
             if should_save(cfg, state.iteration):
                 save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples, self.growth.record_to_save())
+            if logged:  # the next interval's time is training alone: evaluation and saving are not in it
+                window_start = time.perf_counter()
             if state.iteration < cfg.train_iters and self._stops_early():
                 break
         return state
@@ -183,12 +187,15 @@ class Trainer:
         print_rank_0(f"exiting after iteration {state.iteration}: {state.exit_reason}{saved}")
         return True
 
-    def _log_train(
-        self, loss: float, lr: float, grad_norm: float | None, seconds_per_iter: float, tokens_per_step: int
-    ) -> None:
+    def _log_train(self, loss: float, lr: float, grad_norm: float | None, seconds_per_iter: float,
+                   tokens_per_step: int, warmup: bool) -> None:
+        """One line and one metrics record. The first interval of a process includes start-up work (the first
+        steps' allocations and compilation), so it is marked, and the ETA uses the latest interval's speed."""
         tokens_per_sec = tokens_per_step / seconds_per_iter
         self.state.tokens_per_sec = tokens_per_sec
         utilization = self.utilization.record(tokens_per_sec)
+        elapsed = time.perf_counter() - self.train_start
+        remaining = (self.cfg.train_iters - self.state.iteration) * seconds_per_iter
         record = {
             "iteration": self.state.iteration,
             "split": "train",
@@ -196,16 +203,20 @@ class Trainer:
             "lr": lr,
             "grad_norm": grad_norm,
             "ms_per_iter": seconds_per_iter * 1000,
+            "includes_warmup": warmup,
             "tokens_per_sec": tokens_per_sec,
             **utilization,
             "consumed_samples": self.state.consumed_samples,
+            "elapsed_s": elapsed,
+            "eta_s": remaining,
         }
         self.metrics.write(record)
         norm_text = f"{grad_norm:.3f}" if grad_norm is not None else "n/a"
         print_rank_0(
             f"iteration {self.state.iteration:>6}/{self.cfg.train_iters} | lm_loss {loss:.4f} | lr {lr:.3e} | "
-            f"grad_norm {norm_text} | {seconds_per_iter * 1000:.1f} ms/iter | "
-            f"{tokens_per_sec:,.0f} tokens/s | {self.utilization.text(record)}"
+            f"grad_norm {norm_text} | {seconds_per_iter * 1000:.1f} ms/iter{' (incl. warm-up)' if warmup else ''} | "
+            f"{tokens_per_sec:,.0f} tokens/s | {self.utilization.text(record)} | "
+            f"elapsed {clock(elapsed)} | ETA {clock(remaining)}"
         )
 
     def summary(self) -> str:
@@ -225,6 +236,12 @@ class Trainer:
         if cfg.log_dir:
             lines.append(f"  metrics           {cfg.log_dir}/metrics.jsonl")
         return "\n".join(lines)
+
+
+def clock(seconds: float) -> str:
+    """h:mm:ss"""
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
 def pretrain(cfg) -> RunState:
