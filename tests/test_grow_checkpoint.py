@@ -38,6 +38,7 @@ from megatron.training.step import train_step
 from tests.conftest import REPO
 from tests.distributed import run_on_ranks
 from tests.test_growth_plan import official_reference
+from tools import grow_checkpoint as grow_tool
 from tools.grow_checkpoint import grow_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -263,6 +264,32 @@ def test_the_cli_refuses_what_it_cannot_do(source, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(SOFTMAX_GROWTH)):
         grow_checkpoint(tmp_path / "softmax", tmp_path / "out", [TINY, target_yaml(
             tmp_path / "s.yml", {**source.values, **DOUBLED, "norm_activation_type": "softmax"})])
+
+
+def test_a_rerun_after_a_killed_or_interrupted_grow_writes_and_ctrl_c_is_one_line(source, tmp_path, capsys,
+                                                                                  monkeypatch):
+    target = target_yaml(tmp_path / "target.yml", {**source.values, **DOUBLED})
+    argv = ["--load", str(source.save), "--save", str(tmp_path / "out"), "--config", str(TINY), str(target)]
+    # What a SIGKILL mid-write leaves: the hidden staging folder only
+    (tmp_path / "out" / ".tmp-global_step3").mkdir(parents=True)
+    (tmp_path / "out" / ".tmp-global_step3" / "layer_02-model_00-model_states.pt").write_bytes(b"partial")
+    grow_tool.main(argv)
+    assert (f"--save {tmp_path / 'out'}: removed .tmp-global_step3, left by an earlier run of this tool that was "
+            "stopped before it finished (incomplete)") in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["global_step3", "latest"]
+
+    shutil.rmtree(tmp_path / "out")
+    monkeypatch.setattr(grow_tool, "grown_states", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(SystemExit) as stopped:
+        grow_tool.main(argv)
+    assert stopped.value.code == 130 and not (tmp_path / "out").exists()
+    assert capsys.readouterr().err.splitlines()[-1].endswith(  # the program name is pytest's here
+        f": interrupted; --save {tmp_path / 'out'} holds nothing of this run")
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".notes").write_text("")
+    with pytest.raises(FileExistsError, match=r"\(nothing is overwritten\); it holds hidden entries only: \.notes$"):
+        grow_checkpoint(source.save, tmp_path / "out", [TINY, target])
 
 
 # --- growth_mode official ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import ctypes.util
 import shutil
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -32,7 +33,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from megatron.checkpoint.growth_record import read_growth_record
-from megatron.checkpoint.output_directory import require_new_or_empty
+from megatron.checkpoint.commit import STAGING_PREFIX
+from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty
 from megatron.checkpoint.reader import SourceCheckpoint, checkpoint_directory, read_checkpoint, verify_checkpoint
 from megatron.checkpoint.save_load import checkpoint_tag
 from megatron.checkpoint.writer import CheckpointWriter
@@ -75,6 +77,10 @@ def check_destination(load: Path, save: Path) -> None:
     if destination == source or source in destination.parents:
         raise ValueError(f"--save {save} is inside --load {load}; the source checkpoint is never modified: "
                          "write the grown checkpoint to a new directory elsewhere")
+    removed = remove_interrupted_writes(save, STAGING_PREFIX)
+    if removed:
+        print(f"--save {save}: removed {', '.join(removed)}, left by an earlier run of this tool that was stopped "
+              "before it finished (incomplete)", file=sys.stderr)
     require_new_or_empty(save, "--save")
 
 
@@ -96,10 +102,11 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
             return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,
                          zero_new_values=zero_new_values, reset_optimizer=reset_optimizer,
                          reset_iteration=reset_iteration, allow_shrink=allow_shrink, growth_mode=growth_mode)
-        except Exception:
+        except BaseException as error:  # KeyboardInterrupt too: nothing half-written stays behind
             if created:
                 shutil.rmtree(save, ignore_errors=True)
-            verification.result()  # a corrupt source is the cause of whatever reading it raised: name it
+            if isinstance(error, Exception):
+                verification.result()  # a corrupt source is the cause of whatever reading it raised: name it
             raise
 
 
@@ -176,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
             reset_iteration=args.reset_iteration, allow_shrink=args.allow_shrink, growth_mode=args.growth_mode)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted; --save {args.save} holds nothing of this run\n")
     print(_summary(tag_dir, plan, time.perf_counter() - start, args))
     return tag_dir
 
