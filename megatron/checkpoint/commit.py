@@ -4,7 +4,7 @@
     SAVE/.tmp-global_stepN/manifest.json    after a barrier: each file's size and SHA-256, hashed by all ranks
     SAVE/global_stepN/                      one atomic rename
     SAVE/latest                             then replaced atomically (write, fsync, rename)
-    older global_stepM/                     deleted beyond keep_last_n_checkpoints only now
+    older global_stepM/                     deleted beyond keep_last_n_checkpoints only now (pruning.py)
 
 A SIGKILL at any moment leaves `latest` naming a complete checkpoint. An
 interrupted save leaves a `.tmp-` directory, which the next save removes and a
@@ -97,17 +97,3 @@ def _replace_directory(source: Path, target: Path) -> None:
     source.rename(target)
     sync_directory(target.parent)
     shutil.rmtree(replaced, ignore_errors=True)
-
-
-def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
-    """Rank 0: checkpoints up to iteration `newest` beyond the `keep` newest. Later ones (left by a run this
-    one resumed from an earlier point of) are not ours to judge. Each is renamed out of sight before it is
-    deleted, so a kill mid-delete leaves no half checkpoint under a visible name."""
-    if not is_rank_0():
-        return
-    steps = sorted((int(m.group(1)), path) for path in save_dir.iterdir()
-                   if (m := CHECKPOINT_TAG.match(path.name)) and path.is_dir() and int(m.group(1)) <= newest)
-    for _, path in steps[:-keep]:
-        doomed = path.with_name(f"{STAGING_PREFIX}deleted-{path.name}")
-        path.rename(doomed)
-        shutil.rmtree(doomed)

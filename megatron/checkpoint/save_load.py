@@ -30,7 +30,6 @@ import torch.distributed as dist
 from megatron import mpu
 from megatron.checkpoint.commit import (
     commit,
-    delete_old_checkpoints,
     remove_interrupted_saves,
     reporting_write_failures,
     staging_directory,
@@ -40,6 +39,7 @@ from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, chec
 from megatron.checkpoint.growth_record import write_growth_record
 from megatron.checkpoint.portable import is_portable
 from megatron.checkpoint.portable_restore import restore_portable_state
+from megatron.checkpoint.pruning import delete_old_checkpoints
 from megatron.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from megatron.checkpoint.safety import load_weights_only
 from megatron.config.validate import raise_if_any

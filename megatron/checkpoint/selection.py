@@ -21,6 +21,14 @@ from megatron.checkpoint.safety import CheckpointRefused, unpickling_problems
 from megatron.checkpoint.work_split import is_rank_0, map_over_ranks, same_on_all_ranks
 
 
+# Checkpoints this process found damaged while choosing where to resume: pruning never counts them as kept.
+_refused: set[Path] = set()
+
+
+def refused_at_resume() -> frozenset[Path]:
+    return frozenset(_refused)
+
+
 def _warn(message: str) -> None:
     if is_rank_0():
         print(f"warning: {message}", file=sys.stderr, flush=True)
@@ -84,6 +92,7 @@ def newest_usable_tag(load_dir: str | None,
         if not problems:
             return tag, skipped
         skipped.append(f"{tag}: {'; '.join(problems)}")
+        _refused.add((directory / tag).resolve())
     if candidates:
         raise CheckpointRefused(
             f"load={directory}: no checkpoint there can be resumed from:\n  " + "\n  ".join(skipped)

@@ -1,0 +1,50 @@
+"""keep_last_n_checkpoints: which older checkpoints a save deletes, and the damaged ones it sets aside.
+
+Only checkpoints that can be resumed from count as kept. A damaged one (a file missing or of the wrong
+size, or one this run's resume found corrupted) is renamed `global_stepN.damaged`, named in a warning and
+never deleted: it is not counted, so the newest checkpoints that verify are the ones kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from megatron.checkpoint.commit import CHECKPOINT_TAG, STAGING_PREFIX
+from megatron.checkpoint.selection import present_file_problems, refused_at_resume
+from megatron.checkpoint.work_split import is_rank_0
+
+DAMAGED_SUFFIX = ".damaged"
+
+
+def _damage(path: Path) -> str | None:
+    if path.resolve() in refused_at_resume():
+        return "it failed verification when this run chose where to resume"
+    problems = present_file_problems(path)
+    return "; ".join(problems) if problems else None
+
+
+def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
+    """Rank 0, after `global_step{newest}` was committed: keep the `keep` newest checkpoints up to it that can be
+    resumed from, set damaged ones aside, delete the rest. Later ones (left by a run this one resumed from an
+    earlier point of) are not ours to judge. Each is renamed out of sight before it is deleted, so a kill
+    mid-delete leaves no half checkpoint under a visible name."""
+    if not is_rank_0():
+        return
+    steps = sorted((int(m.group(1)), path) for path in save_dir.iterdir()
+                   if (m := CHECKPOINT_TAG.match(path.name)) and path.is_dir() and int(m.group(1)) <= newest)
+    usable = []
+    for step, path in steps:
+        why = None if step == newest else _damage(path)  # the newest was just written and verified by commit
+        if why is None:
+            usable.append(path)
+            continue
+        aside = path.with_name(path.name + DAMAGED_SUFFIX)
+        path.rename(aside)
+        print(f"warning: {path.name} in {save_dir} cannot be resumed from ({why}); renamed to {aside.name}, kept "
+              f"and not counted among keep_last_n_checkpoints={keep}", file=sys.stderr, flush=True)
+    for path in usable[:-keep]:
+        doomed = path.with_name(f"{STAGING_PREFIX}deleted-{path.name}")
+        path.rename(doomed)
+        shutil.rmtree(doomed)
