@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from megatron.data.data_utils import (
+    train_split_problem,
+    train_split_shortfall,
     build_datasets_from_paths,
     build_train_valid_test_datasets,
     get_train_valid_test_split,
@@ -237,6 +239,22 @@ def test_split_boundaries(split, size, expected):
 def test_bad_split_strings_are_named(split):
     with pytest.raises(ValueError, match=f'split "{split}"'):
         get_train_valid_test_split(split, 10)
+
+
+def test_a_train_weight_of_zero_is_refused_though_rounding_gives_train_a_document():
+    assert get_train_valid_test_split("0,50,50", 1597)[:2] == [0, 1]  # GPT-NeoX's rounding, kept for its indices
+    assert "leaves the train split no documents (of 1597)" in train_split_problem("data", "0,50,50", 1597)
+    assert train_split_problem("data", "1,999,0", 1000) is None
+
+
+def test_a_train_split_shorter_than_one_global_batch_is_refused():
+    sizes = np.full(1000, 50, dtype=np.int32)  # 50 tokens per document
+    # "10,990,0": 10 documents, 500 tokens; a batch of 4 sequences of 64 tokens reads 257
+    assert train_split_shortfall("data", "10,990,0", sizes, batch_sequences=4, seq_length=64) is None
+    problem = train_split_shortfall("data", "10,990,0", sizes, batch_sequences=8, seq_length=64)
+    assert problem == ("data_path = 'data' with split = '10,990,0' leaves the train split 10 documents of 500 tokens, "
+                       "fewer than one global batch reads (8 sequences of 64 tokens: 513); give train a larger share "
+                       "of split or use a dataset with more text")
 
 
 def test_train_valid_test_datasets_cover_disjoint_document_ranges(corpus):

@@ -50,6 +50,13 @@ def test_a_split_that_gives_training_no_documents_is_named(demo_data):
     message = refused(demo_data, "split='0,1,0'", f"master_port={free_port()}")
     assert "with split = '0,1,0' leaves the train split no documents (of " in message
     assert 'give train a share of split (e.g. "969,30,1")' in message
+    # A weight of 0 whose rounding hands train one document (issue 30): refused, not trained on one document
+    message = refused(demo_data, "split='0,50,50'", f"master_port={free_port()}")
+    assert "with split = '0,50,50' leaves the train split no documents (of " in message
+    # Too little text for one global batch (16 sequences of 64 tokens) in the tiny config
+    message = refused(demo_data, "split='1,1499,0'", f"master_port={free_port()}")
+    assert "with split = '1,1499,0' leaves the train split 1 documents of " in message
+    assert "fewer than one global batch reads (16 sequences of 64 tokens: 1,025)" in message
 
 
 @pytest.fixture

@@ -37,13 +37,30 @@ def get_train_valid_test_split(split_string: str, size: int) -> list[int]:
 
 
 def train_split_problem(data_path: str, split: str, documents: int) -> str | None:
-    """The error of a `split` that leaves the train part of `documents` documents empty; None if it has some.
-    deepy.py asks before launch (from the index header), the ranks again when they build the datasets."""
+    """The error of a `split` that gives training no share, or leaves the train part of `documents` documents
+    empty; None if it has some. (With a weight of 0, GPT-NeoX's rounding can still hand train one document, which
+    a run would then repeat for its whole length.) deepy.py asks before launch (from the index header), the ranks
+    again when they build the datasets."""
     boundaries = get_train_valid_test_split(split, documents)
-    if boundaries[1] > boundaries[0]:
+    separator = "/" if "/" in split else ","
+    if boundaries[1] > boundaries[0] and float(split.split(separator)[0]) > 0:
         return None
     return (f"data_path = {data_path!r} with split = {split!r} leaves the train split no documents (of {documents}); "
             f"give train a share of split (e.g. \"969,30,1\") or use a dataset with more documents")
+
+
+def train_split_shortfall(data_path: str, split: str, sizes: np.ndarray, batch_sequences: int,
+                          seq_length: int) -> str | None:
+    """The error of a train split with fewer tokens than one global batch of sequences reads (so that every
+    batch would repeat the same text); None if it has enough. `sizes`: every document's token count."""
+    train_end = get_train_valid_test_split(split, len(sizes))[1]
+    tokens = int(np.sum(sizes[:train_end], dtype=np.int64))
+    needed = batch_sequences * seq_length + 1
+    if tokens >= needed:
+        return None
+    return (f"data_path = {data_path!r} with split = {split!r} leaves the train split {train_end} documents of "
+            f"{tokens:,} tokens, fewer than one global batch reads ({batch_sequences} sequences of {seq_length} "
+            f"tokens: {needed:,}); give train a larger share of split or use a dataset with more text")
 
 
 def build_train_valid_test_datasets(

@@ -122,6 +122,11 @@ def read_index_header(idx_path: str) -> IndexHeader:
     return IndexHeader(np.dtype(DTYPE_CODES[code]), num_sequences, num_doc_idx)
 
 
+def sequence_sizes(idx_path: str, header: IndexHeader) -> np.ndarray:
+    """Every sequence's token count, memory-mapped (the header read by read_index_header)."""
+    return _memmap(idx_path, _LITTLE_INT32, _HEADER.size, header.num_sequences)
+
+
 def described_data_bytes(idx_path: str, header: IndexHeader) -> int:
     """Length of the ``.bin`` the index describes: where its last sequence ends (two entries read, not all).
 

@@ -4,7 +4,7 @@ traceback per rank.
 
 - the tokenizer loads (a vocab_file that is not a tokenizer is named), giving the padded vocabulary;
 - every dataset: headers, sizes, documents, token ids within the vocabulary (megatron/data/dataset_check.py),
-  and that `split` leaves the train part of data_path some documents;
+  and that `split` gives the train part of data_path a share and at least one global batch of text;
 - the checkpoint a training run resumes from: files present, its layout and every tensor against the model
   (megatron/checkpoint/compatibility.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
@@ -24,9 +24,9 @@ from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directo
 from megatron.checkpoint.selection import newest_usable_tag
 from megatron.config import Config
 from megatron.config.validate import INFERENCE_SCRIPTS, dataset_prefixes
-from megatron.data.data_utils import train_split_problem
+from megatron.data.data_utils import train_split_problem, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
-from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header
+from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
 from megatron.launch.hosts import is_local_host
 from megatron.launch.resources import Slots, world_size
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
@@ -92,12 +92,17 @@ def _save_directory_problems(save: str) -> list[str]:
 
 
 def _split_problems(cfg: Config) -> list[str]:
-    """A `split` that gives training no documents of data_path (counted from its index header)."""
+    """A `split` that gives training no documents of data_path, or too little text for one global batch (counted
+    from its index)."""
     if cfg.train_data_paths or not cfg.data_path or cfg.eval_only or cfg.train_iters <= 0:
         return []
+    idx_path = index_file_path(cfg.data_path)
     try:
-        documents = read_index_header(index_file_path(cfg.data_path)).num_sequences
-        problem = train_split_problem(cfg.data_path, cfg.split, documents)
+        header = read_index_header(idx_path)
+        problem = train_split_problem(cfg.data_path, cfg.split, header.num_sequences)
+        if problem is None and cfg.train_batch_size:
+            problem = train_split_shortfall(cfg.data_path, cfg.split, sequence_sizes(idx_path, header),
+                                            cfg.train_batch_size, cfg.seq_length)
     except (OSError, IndexedDatasetError):
         return []  # the dataset check names it
     except ValueError as error:
