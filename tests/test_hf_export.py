@@ -176,6 +176,26 @@ def test_kv_cache_generation_matches_the_framework_greedy_sampled_and_beams(tmp_
     assert generation["suppress_tokens"] == list(range(257, PADDED_VOCAB))  # padded rows, as generate.py
 
 
+def test_left_padded_rows_of_a_learned_position_model_compute_as_alone(tmp_path):
+    """Positions come from the attention mask (issue 30): with learned positions, arange would shift a
+    left-padded row's positions and change its logits."""
+    model, export = random_export(tmp_path, VARIANTS["gelu_l2_norm-learned-untied-affine-norms-tau"])
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    hf = load_hf(tmp_path / "hf")
+    prompts = torch.randint(0, 257, (2, 9), generator=torch.Generator().manual_seed(5))
+    short = prompts[1, 4:]
+    batch = torch.stack((prompts[0], torch.cat((torch.zeros(4, dtype=torch.long), short))))
+    mask = torch.ones_like(batch)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        assert relative_difference(hf(batch, attention_mask=mask).logits[1, 4:], model(short[None])[0]) <= TOLERANCE
+    for use_cache in (True, False):
+        padded, padded_logits = greedy(hf, batch, 12, attention_mask=mask, use_cache=use_cache)
+        alone, alone_logits = greedy(hf, short[None], 12, use_cache=use_cache)
+        assert padded[1] == alone[0]
+        assert relative_difference(padded_logits[1], alone_logits[0]) <= TOLERANCE
+
+
 TOKENIZER_TEXTS = ["The quick brown fox jumps over the lazy dog.", "  two  spaces,\ttabs\nand lines\n\n",
                    "Ünïcödé ✓, Ελληνικά and emoji 🙂", "def add(a, b):\n    return a + b  # 42\n", "3.14159 in 2026"]
 

@@ -222,7 +222,11 @@ class TokenFormerModel(TokenFormerPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:
+        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
+            # Left padding (batched generation): a row's positions count its own tokens, as in training. Rotary
+            # would not show the difference (it is relative); learned positions would.
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -hidden.shape[1]:]
+        elif position_ids is None:
             position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
         position_ids = position_ids.expand(hidden.shape[0], -1)
         if self.position_embeddings is not None:
