@@ -53,3 +53,23 @@ class LRSchedule:
         for group in optimizer.param_groups:
             group["lr"] = lr
         return lr
+
+
+SCHEDULE_KEYS = ("lr", "min_lr", "warmup", "lr_decay_iters", "lr_decay_style", "train_iters")
+
+
+def resume_lr_change(saved, current, iteration: int, factor: float = 2.0) -> str | None:
+    """A warning when the learning rate this run uses after resuming at `iteration` differs by more than `factor`
+    from the one the checkpoint's own run (`saved`, its config) would have used, naming the schedule keys that
+    cause it; None otherwise."""
+    expected = LRSchedule.from_config(saved).lr_at(iteration)
+    used = LRSchedule.from_config(current).lr_at(iteration)
+    if used <= 0 or expected <= 0 or max(used / expected, expected / used) <= factor:
+        return None
+    changed = [f"{key} ({getattr(saved, key)!r} -> {getattr(current, key)!r})" for key in SCHEDULE_KEYS
+               if getattr(saved, key) != getattr(current, key)]
+    ratio = used / expected
+    change = f"{ratio:.3g}x higher" if ratio > 1 else f"{1 / ratio:.3g}x lower"
+    return (f"resuming at iteration {iteration} with learning rate {used:.3e}, {change} than the {expected:.3e} the "
+            f"checkpoint's run would have used next: {', '.join(changed)} differ from its config.json. If that is "
+            "not intended, set them as the checkpoint's run had them")

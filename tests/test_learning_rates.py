@@ -40,3 +40,22 @@ def test_from_config_uses_warmup_fraction_of_decay_iters():
 
     s = LRSchedule.from_config(Cfg)
     assert (s.warmup_iters, s.decay_iters) == (20, 200)
+
+
+def test_a_resume_that_changes_the_rate_by_more_than_a_factor_is_named():
+    from megatron.config import load_config
+    from megatron.learning_rates import resume_lr_change
+    from tests.conftest import REPO
+
+    demo = [REPO / "configs" / "demo.yml"]
+    saved = load_config(demo)
+    assert resume_lr_change(saved, load_config(demo), 150) is None
+    assert resume_lr_change(saved, load_config(demo, ["lr_decay_iters=310"]), 150) is None  # a small change
+    shortened = load_config(demo, ["lr_decay_iters=160"])
+    expected, used = (LRSchedule.from_config(c).lr_at(150) for c in (saved, shortened))
+    assert used < expected / 2
+    warning = resume_lr_change(saved, shortened, 150)
+    assert warning == (f"resuming at iteration 150 with learning rate {used:.3e}, {expected / used:.3g}x lower than "
+                       f"the {expected:.3e} the checkpoint's run would have used next: lr_decay_iters "
+                       f"({saved.lr_decay_iters} -> 160) differ from its config.json. If that is not intended, set "
+                       "them as the checkpoint's run had them")

@@ -86,11 +86,25 @@ def test_resume_from_iteration_10_is_bitwise_identical(baseline_run, demo_data, 
         f"save={resumed}",
         f"log_dir={tmp_path}/logs",
     )
-    assert "resumed from" in result.stdout
+    assert "resumed from" in result.stdout and "warning: resuming at iteration" not in result.stdout
     expected = train_losses(run_dir / "logs")
     got = train_losses(tmp_path / "logs")
     assert sorted(got) == list(range(11, 41))
     assert all(got[i] == expected[i] for i in got), [(i, got[i], expected[i]) for i in got if got[i] != expected[i]]
+
+
+def test_a_resume_whose_schedule_jumps_the_learning_rate_says_which_keys_do_it(baseline_run, demo_data, tmp_path):
+    run_dir, _ = baseline_run
+    resumed = tmp_path / "checkpoints"
+    resumed.mkdir()
+    shutil.copytree(run_dir / "checkpoints" / "global_step10", resumed / "global_step10")
+    (resumed / "latest").write_text("global_step10")
+    result = run_deepy("train.py", TINY, *data_overrides(demo_data), f"load={resumed}", f"save={resumed}",
+                       f"log_dir={tmp_path}/logs", "lr_decay_iters=12", "train_iters=12")
+    warning = next(line for line in result.stdout.splitlines() if line.startswith("warning: resuming at"))
+    assert warning.startswith("warning: resuming at iteration 10 with learning rate 8.014e-04, 5.") and (
+        "x lower than the 4.526e-03 the checkpoint's run would have used next: lr_decay_iters (40 -> 12), "
+        "train_iters (40 -> 12) differ from its config.json") in warning
 
 
 def test_eval_only_scores_the_same_validation_samples(baseline_run, demo_data, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import deepspeed
 import torch.distributed as dist
@@ -14,11 +15,12 @@ from megatron import mpu
 from megatron.checkpoint.save_load import load_checkpoint, save_checkpoint, should_save
 from megatron.checkpoint.save_lock import hold_save_directory_for_the_run
 from megatron.checkpoint.selection import resume_tag
+from megatron.checkpoint.weight_files import CONFIG_NAME, read_config
 from megatron.config import ConfigError, check_run_inputs
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
 from megatron.growth.partial_init import grow_into
 from megatron.launch.process_group import initialize_distributed
-from megatron.learning_rates import LRSchedule
+from megatron.learning_rates import LRSchedule, resume_lr_change
 from megatron.metrics import MetricsWriter
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.pipeline import build_pipeline
@@ -111,6 +113,7 @@ class Trainer:
             self.state.iteration, self.state.consumed_samples = iteration, consumed
             if iteration:
                 print_rank_0(f"resumed from {cfg.load} at iteration {iteration}")
+                self._warn_on_a_schedule_change(Path(cfg.load) / tag, iteration)
         elif cfg.load and cfg.eval_only:
             raise ConfigError(f"eval_only: no checkpoint found in load={cfg.load!r} (no 'latest' file)")
         if cfg.pretrain_partial_init and tag is None:
@@ -122,6 +125,13 @@ class Trainer:
         if self.utilization.unknown_device:
             print_rank_0(f"MFU is not logged: {self.utilization.unknown_device!r} is not in the table of dense bf16 "
                          "peaks (megatron/training/utilization.py); set peak_tflops to its dense bf16 TFLOP/s")
+
+    def _warn_on_a_schedule_change(self, tag_dir: Path, iteration: int) -> None:
+        saved = tag_dir / CONFIG_NAME
+        if saved.is_file():
+            warning = resume_lr_change(read_config(saved), self.cfg, iteration)
+            if warning:
+                print_rank_0(f"warning: {warning}")
 
     def _iterator(self, dataset, consumed: int):
         return batch_iterator(
