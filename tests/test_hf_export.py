@@ -475,3 +475,35 @@ def test_lm_eval_hf_backend_agrees_with_the_frameworks_adapter(tensor_parallel_c
     for task, metric in (("local_choice", "acc,none"), ("local_rolling", "bits_per_byte,none"),
                          ("local_generation", "exact_match,none")):
         assert theirs["results"][task][metric] == pytest.approx(ours["results"][task][metric], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_converted_checkpoint_loads_directly_into_another_layout(tensor_parallel_checkpoint, tmp_path):
+    """tools/convert_from_hf.py's output (weights only, 2 tensor ranks) given as `load` to runs of other layouts (1
+    tensor rank with the pipeline engine; 2 data-parallel ranks with ZeRO) is loaded, said so, scores as the
+    original and trains (issue 30: it failed inside the ranks with KeyError 'module')."""
+    from tests.conftest import run_deepy
+
+    convert_to_hf.main([str(tensor_parallel_checkpoint.save), str(tmp_path / "hf")])
+    values = dict(override.split("=", 1) for override in tensor_parallel_checkpoint.overrides)
+    run = tmp_path / "run.yml"
+    run.write_text(yaml.safe_dump({key: yaml.safe_load(value) for key, value in values.items()}))
+    convert_from_hf.main([str(tmp_path / "hf"), str(tmp_path / "converted"), "--config", str(TINY), str(run)])
+    data = [f"data_path={values['data_path']}", f"vocab_file={values['vocab_file']}", "eval_iters=2",
+            "eval_only=true", f"log_dir={tmp_path}/logs"]
+    original = run_deepy("train.py", str(TINY), *data, f"load={tensor_parallel_checkpoint.save}",
+                         "model_parallel_size=2")
+    converted = run_deepy("train.py", str(TINY), *data, f"load={tmp_path / 'converted'}", "pipe_parallel_size=1",
+                          "model_parallel_size=1", "num_gpus=1")  # data-parallel size 1 as there: the same batches
+    assert (f"loaded the weights of {tmp_path / 'converted' / 'global_step0'} (it holds no optimizer state or "
+            "iteration: a warm start at iteration 0)") in converted.stdout
+    assert "older version" not in converted.stderr
+
+    def validation_loss(result) -> float:
+        return float(re.search(r"validation at iteration \d+ \| lm_loss (\S+)", result.stdout)[1])
+
+    assert abs(validation_loss(converted) - validation_loss(original)) < 1e-4
+    trained = run_deepy("train.py", str(TINY), *data[:2], f"load={tmp_path / 'converted'}", "train_iters=2",
+                        f"save={tmp_path / 'trained'}", f"log_dir={tmp_path}/trained-logs", "eval_iters=0")
+    assert (tmp_path / "trained" / "latest").read_text().strip() == "global_step2"
+    assert "loaded the weights of" in trained.stdout

@@ -135,8 +135,12 @@ def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
 def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Namespace) -> str:
     size = sum(path.stat().st_size for path in tag_dir.rglob("*") if path.is_file())
     why = "growth mode official" if plan.resets_training_state else None
-    optimizer = f"dropped ({why or '--reset-optimizer'})" if args.reset_optimizer or why else "carried over" + (
-        ", new tokens' moments zero" if plan.grows else "")
+    if args.reset_optimizer or why:
+        optimizer = f"dropped ({why or '--reset-optimizer'})"
+    elif read_checkpoint(tag_dir).optimizer_step is None:
+        optimizer = "none (the source holds none)"
+    else:
+        optimizer = "carried over" + (", new tokens' moments zero" if plan.grows else "")
     iteration = (f"restarts at 0 ({why or '--reset-iteration'})" if args.reset_iteration or why
                  else "continues")
     verb = {(True, False): "grew", (False, True): "shrank", (True, True): "resized"}.get(

@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 
 from megatron.checkpoint.model_files import ModelFiles
+from megatron.checkpoint.portable import MARKER as PORTABLE_MARKER
+from megatron.checkpoint.safety import load_checkpoint_file
 from megatron.checkpoint.tensor_parallel_layout import split_dimensions
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.args import ARCHITECTURE_KEYS
@@ -26,6 +28,17 @@ RESHARD = "re-shard it into this run's layout with tools/grow_checkpoint.py (the
 def _saved_config(tag_dir: Path) -> dict:
     path = tag_dir / "config.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def holds_weights_only(tag_dir: Path) -> bool:
+    """A checkpoint of weights and no training state (tools/convert_from_hf.py and
+    convert_official_checkpoint.py write these): no ZeRO shards, no portable optimizer state, no optimizer in
+    its DeepSpeed headers. Nothing of it needs DeepSpeed's layout, so a run loads it into any layout, at
+    iteration 0 (megatron/growth/partial_init.py)."""
+    if (tag_dir / PORTABLE_MARKER).is_file() or saved_data_parallel_size(tag_dir):
+        return False
+    headers = sorted(tag_dir.glob("mp_rank_*_model_states.pt"))
+    return bool(headers) and all(load_checkpoint_file(path).get("optimizer") is None for path in headers)
 
 
 def saved_data_parallel_size(tag_dir: Path) -> int | None:
@@ -53,12 +66,14 @@ def layout_problems(tag_dir: Path, cfg, data_parallel_size: int | None = None) -
     return problems
 
 
-def tensor_problems(tag_dir: Path, cfg, padded_vocab_size: int) -> list[str]:
+def tensor_problems(tag_dir: Path, cfg, padded_vocab_size: int, saved_layout: bool = False) -> list[str]:
     """Every tensor of `tag_dir`'s weight files whose name or shape does not fit the model `cfg` describes
-    (each tensor rank's block), in one message; [] if all fit."""
+    (each tensor rank's block, as this run splits them, or as the checkpoint was split: `saved_layout`), in one
+    message; [] if all fit."""
     args = TokenFormerArgs.for_inference(cfg, padded_vocab_size)
     model = TokenFormerModel(args, device="meta")
-    ranks, dims = cfg.model_parallel_size, split_dimensions(args)
+    ranks = _saved_config(tag_dir).get("model_parallel_size", 1) if saved_layout else cfg.model_parallel_size
+    dims = split_dimensions(args)
     expected = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         shape = list(full_shape(tensor))

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config
 from megatron.model.pipeline import model_parameter_name
@@ -81,7 +82,8 @@ def read_tensor_rank_states(tag_dir: Path, num_layers: int) -> list[dict[str, Te
 
 def write_checkpoint(shards: list[Mapping[str, Tensor]], config: Config, save_dir: str | Path,
                      tag: str = "global_step0") -> Path:
-    """`save_dir`/`tag`/mp_rank_XX_model_states.pt for each tensor rank, config.json, and `latest` (last).
+    """`save_dir`/`tag`/mp_rank_XX_model_states.pt for each tensor rank, config.json, manifest.json (so that a
+    run verifies the files), and `latest` (last).
 
     `save_dir` must be new or empty: writing into a run's directory would repoint its `latest` at these
     weights, and the run would resume from them.
@@ -100,5 +102,6 @@ def write_checkpoint(shards: list[Mapping[str, Tensor]], config: Config, save_di
             "iteration": 0, "consumed_train_samples": 0,
         }, tag_dir / f"mp_rank_{rank:02d}_model_states.pt")
     (tag_dir / "config.json").write_text(config.to_json(), encoding="utf-8")
+    write_manifest(tag_dir, [record for name in checkpoint_files(tag_dir) for record in record_file(tag_dir, name)])
     (save_dir / "latest").write_text(tag, encoding="utf-8")
     return tag_dir

@@ -17,15 +17,15 @@ from megatron import mpu
 from megatron.checkpoint.engine_state import load_parameter_states
 from megatron.checkpoint.names import module_model_names, tokenformer_name
 from megatron.checkpoint.parameter_state import ParameterState
-from megatron.checkpoint.reader import open_checkpoint
+from megatron.checkpoint.reader import SourceCheckpoint
 from megatron.checkpoint.tensor_parallel_layout import split_dimensions
 from megatron.growth.grow import check_entries, grown_state
 from megatron.growth.plan import plan_growth
 
 
-def grow_into(engine, cfg) -> None:
-    """Collective: `cfg.pretrain_partial_init`'s newest checkpoint, grown to `cfg`'s model, into `engine`."""
-    source = open_checkpoint(cfg.pretrain_partial_init)
+def grow_into(engine, cfg, source: SourceCheckpoint) -> None:
+    """Collective: `source` (`cfg.pretrain_partial_init`'s newest checkpoint, or a weights-only one in `load`),
+    grown to `cfg`'s model, into `engine`."""
     plan = plan_growth(source.config, cfg)
     check_entries(source.names(), plan)
     fresh_optimizer = cfg.pretrain_partial_init_reset_optimizer or plan.resets_training_state

@@ -18,7 +18,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from megatron.checkpoint.compatibility import layout_problems, tensor_problems
+from megatron.checkpoint.compatibility import holds_weights_only, layout_problems, tensor_problems
 from megatron.checkpoint.safety import CheckpointRefused
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
 from megatron.checkpoint.selection import newest_usable_tag
@@ -50,6 +50,8 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
     if tag is None:
         return []
     tag_dir = Path(cfg.load) / tag
+    if holds_weights_only(tag_dir):  # loaded into any layout
+        return tensor_problems(tag_dir, cfg, vocabulary, saved_layout=True)
     data_parallel = processes // (cfg.model_parallel_size * max(1, cfg.pipe_parallel_size))
     # A frozen run whose checkpoint was saved with another freeze loads weights only: any data-parallel size.
     return (layout_problems(tag_dir, cfg, None if cfg.freeze_old_param_tokens else data_parallel)

@@ -12,11 +12,14 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
+from megatron.checkpoint.compatibility import holds_weights_only, tensor_problems
+from megatron.checkpoint.reader import open_checkpoint, read_checkpoint
 from megatron.checkpoint.save_load import load_checkpoint, save_checkpoint, should_save
 from megatron.checkpoint.save_lock import hold_save_directory_for_the_run
 from megatron.checkpoint.selection import resume_tag
 from megatron.checkpoint.weight_files import CONFIG_NAME, read_config
 from megatron.config import ConfigError, check_run_inputs
+from megatron.config.validate import raise_if_any
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
 from megatron.growth.partial_init import grow_into
 from megatron.launch.process_group import initialize_distributed
@@ -105,19 +108,27 @@ class Trainer:
         self.state = RunState()
         self.nonfinite_steps = NonFiniteSteps(self.engine, cfg)
         self.exit_conditions = ExitConditions(cfg, self.engine.device)
-        if tag is not None:
+        if tag is not None and holds_weights_only(Path(cfg.load) / tag):
+            tag_dir = Path(cfg.load) / tag
+            raise_if_any(tensor_problems(tag_dir, cfg, cfg.padded_vocab_size, saved_layout=True))
+            grow_into(self.engine, cfg, read_checkpoint(tag_dir))  # into this run's layout, shapes unchanged
+            print_rank_0(f"loaded the weights of {tag_dir} (it holds no optimizer state or iteration: a warm start "
+                         "at iteration 0)")
+        elif tag is not None:
             iteration, consumed = load_checkpoint(
                 self.engine, cfg, tag, load_optimizer=not cfg.eval_only and self.growth.optimizer_state_fits)
             if not self.growth.optimizer_state_fits:
                 restart_fp32_masters(self.engine)
             self.state.iteration, self.state.consumed_samples = iteration, consumed
             if iteration:
-                print_rank_0(f"resumed from {cfg.load} at iteration {iteration}")
+                print_rank_0(f"resumed from {cfg.load} at iteration {iteration} ({tag})")
                 self._warn_on_a_schedule_change(Path(cfg.load) / tag, iteration)
+            else:
+                print_rank_0(f"loaded {cfg.load}/{tag} at iteration 0: a warm start")
         elif cfg.load and cfg.eval_only:
             raise ConfigError(f"eval_only: no checkpoint found in load={cfg.load!r} (no 'latest' file)")
         if cfg.pretrain_partial_init and tag is None:
-            grow_into(self.engine, cfg)
+            grow_into(self.engine, cfg, open_checkpoint(cfg.pretrain_partial_init))
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
         self.utilization = Utilization(
             get_accelerator(), flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations),
