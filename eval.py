@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from megatron.config import Config
+from megatron.config.eval_tasks import task_manager
 from megatron.inference import load_model
 from megatron.inference.distributed import initialize_inference, is_output_rank
 from megatron.launch.process_group import run_rank
@@ -24,18 +25,6 @@ from megatron.tokenizer import build_tokenizer
 
 def results_path(cfg: Config) -> Path:
     return Path(f"{cfg.eval_results_prefix}_eval_results.json" if cfg.eval_results_prefix else "eval_results.json")
-
-
-def task_manager(cfg: Config):
-    """lm-eval's task index; its thousands of built-in task files are indexed only when a task is not one of
-    eval_include_path's (indexing them takes tens of seconds)."""
-    from lm_eval.tasks import TaskManager
-
-    if cfg.eval_include_path is not None:
-        local = TaskManager(include_path=cfg.eval_include_path, include_defaults=False)
-        if set(cfg.eval_tasks) <= set(local.all_tasks):
-            return local
-    return TaskManager(include_path=cfg.eval_include_path)
 
 
 def main(cfg: Config) -> dict:
@@ -49,7 +38,7 @@ def main(cfg: Config) -> dict:
     model = load_model(cfg.eval_ckpt or cfg.load, cfg, device)
     lm = TokenFormerLM(model, tokenizer, batch_size=cfg.train_micro_batch_size_per_gpu, seed=cfg.seed, device=device)
     results = lm_eval.simple_evaluate(
-        model=lm, tasks=cfg.eval_tasks, task_manager=task_manager(cfg),
+        model=lm, tasks=cfg.eval_tasks, task_manager=task_manager(cfg.eval_tasks, cfg.eval_include_path),
         log_samples=False, random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
         fewshot_random_seed=cfg.seed)
     results = json.loads(json.dumps(results, default=handle_non_serializable))

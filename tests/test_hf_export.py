@@ -216,6 +216,26 @@ def tokenizer_runs(tmp_path_factory) -> dict[str, dict]:
     return runs
 
 
+def test_a_tokenizer_named_relative_to_the_runs_directory_is_found_from_elsewhere(tmp_path, monkeypatch, capsys):
+    """A run's config names vocab_file relative to where it started; exporting from another directory finds it
+    above the checkpoint, or fails naming it (issue 30: the tokenizer was skipped)."""
+    run_dir = tmp_path / "run"
+    (run_dir / "data").mkdir(parents=True)
+    train_byte_level_bpe(TOKENIZER_TEXTS * 20, 300, str(run_dir / "data" / "tokenizer.json"))
+    random_export(run_dir, {"tokenizer_type": "HFTokenizer", "vocab_file": "data/tokenizer.json"})
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    convert_to_hf.main([str(run_dir / "export"), str(tmp_path / "hf")])
+    assert f"tokenizer: HFTokenizer {run_dir / 'data' / 'tokenizer.json'} (copied" in capsys.readouterr().out
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (run_dir / "data" / "tokenizer.json").read_bytes()
+    (run_dir / "data" / "tokenizer.json").rename(tmp_path / "moved.json")
+    with pytest.raises(SystemExit) as exit_:
+        convert_to_hf.main([str(run_dir / "export"), str(tmp_path / "hf2")])
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and "the checkpoint's vocab_file 'data/tokenizer.json' is relative to the " in error
+    assert "run this from the run's directory" in error and not (tmp_path / "hf2").exists()
+
+
 @pytest.mark.parametrize("kind", ["GPT2BPETokenizer", "SPMTokenizer-unigram", "SPMTokenizer-bpe"])
 def test_gpt2_bpe_and_sentencepiece_runs_export_a_tokenizer_encoding_as_theirs(kind, tokenizer_runs, tmp_path, capsys):
     settings = tokenizer_runs[kind]
@@ -344,6 +364,13 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert "hidden_size 64 (config.json: hidden_size=32)" in error and "Set those keys" in error
     assert "norm_activation_type 'softmax' (config.json: norm_activation_type='l2_norm_gelu')" in error
     assert not (tmp_path / "checkpoint").exists()
+
+    (tmp_path / "hf" / "config.json").write_text("{'model_type': tokenformer")  # not JSON (issue 30)
+    with pytest.raises(SystemExit) as exit_:
+        convert_from_hf.main([str(tmp_path / "hf"), str(tmp_path / "checkpoint"), "--config", str(other)])
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and error.count("\n") == 1
+    assert f"{tmp_path / 'hf' / 'config.json'} is not JSON (" in error
 
 
 # --- checkpoints trained here (2 tensor-parallel ranks), grown, and scored by lm-eval ----------------------

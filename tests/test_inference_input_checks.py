@@ -165,6 +165,19 @@ def test_a_prompt_of_several_lines_is_named_by_the_line_of_its_bad_byte(tokenize
     assert f"{prompts} line 5 is not UTF-8" in capsys.readouterr().err
 
 
+def test_a_prompt_longer_than_the_model_is_named_and_the_others_generated(tokenizer_file, tmp_path, capsys):
+    """max_position_embeddings is 40 here (issue 30: a traceback after launch lost every other prompt's output)."""
+    prompts = tmp_path / "prompts.txt"
+    long = " ".join(["word"] * 60)
+    prompts.write_text(f"first prompt\n{long}\nlast prompt\n")
+    records = generate_from(tokenizer_file, tmp_path, "text_gen_type=input-file", f"sample_input_file={prompts}")
+    assert [r["context"] for r in records] == ["first prompt", "last prompt"]
+    [message] = capsys.readouterr().err.splitlines()
+    assert message.startswith("error: prompt 2 ('word word word word word word word word ...') has ")
+    assert message.endswith("tokens, which leave no room to generate: max_position_embeddings=40; skipped it, "
+                            "generating the next prompt. Shorten it")
+
+
 @pytest.mark.parametrize("errors", ["surrogateescape", "strict"])  # sys.stdin's under C/POSIX and other locales
 def test_an_interactive_line_that_is_not_utf8_is_named_and_skipped(errors, tokenizer_file, tmp_path, capsys):
     typed = tmp_path / "typed"

@@ -113,3 +113,31 @@ def test_missing_checkpoint_files_are_named(demo_data, zero_data_parallel_checkp
     message = refused(demo_data, f"load={checkpoints}", f"master_port={free_port()}")
     assert f"load={checkpoints}: no checkpoint there can be resumed from" in message
     assert "global_step2: mp_rank_00_model_states.pt is missing" in message
+
+
+def refused_inference(script: str, *overrides: str) -> str:
+    """deepy.py generate.py / eval.py with the tiny config: stopped before launching; its error output."""
+    result = run_deepy(script, TINY, "num_gpus=1", *overrides, check=False, timeout=300)
+    assert result.returncode == 2 and "launching" not in result.stdout, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.startswith("config error: "), result.stderr
+    return result.stderr
+
+
+def test_generation_and_evaluation_inputs_are_checked_before_launch(demo_data, tmp_path):
+    """Issue 30: each of these failed after launch (a traceback per rank, or an unknown task's KeyError), or
+    ended with exit 0 and an empty output."""
+    vocab = f"vocab_file={demo_data}/tokenizer.json"
+    (tmp_path / "empty").mkdir()
+    message = refused_inference("generate.py", vocab, f"load={tmp_path / 'empty'}")
+    assert (f"load: {tmp_path / 'empty'} holds neither a checkpoint (latest, global_stepN/) nor exported weights "
+            "(model.safetensors, pytorch_model.bin)") in message
+    (tmp_path / "prompts.txt").write_text("\n  \n\n")
+    message = refused_inference("generate.py", vocab, f"load={tmp_path / 'empty'}", "text_gen_type=input-file",
+                                f"sample_input_file={tmp_path / 'prompts.txt'}")
+    assert f"sample_input_file = '{tmp_path / 'prompts.txt'}' holds no prompts (it is empty or blank)" in message
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tiny_task.yaml").write_text("task: tiny_task\ndataset_path: json\n")
+    message = refused_inference("eval.py", vocab, f"load={tmp_path / 'empty'}", "eval_tasks=[tiny_tsk]",
+                                f"eval_include_path={tmp_path / 'tasks'}")
+    assert ("eval_tasks: 'tiny_tsk' is not a task lm-eval knows (nor one of eval_include_path's); did you mean "
+            "'tiny_task'?") in message

@@ -24,8 +24,27 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from megatron.checkpoint.output_directory import require_new_or_empty
+from megatron.config import Config
 from megatron.hf.export import parse_size, write_hf_directory
 from megatron.inference.loading import load_state
+
+
+def with_run_files_found(cfg: Config, checkpoint: Path) -> Config:
+    """`cfg` with its tokenizer files found: a run's config names them relative to the directory it started in,
+    which is this one or, usually, one above the checkpoint. ValueError naming a file found in neither."""
+    found = {}
+    for key in ("vocab_file", "merge_file"):
+        path = getattr(cfg, key, None)
+        if path is None or Path(path).is_absolute() or Path(path).exists():
+            continue
+        above = [folder / path for folder in [checkpoint.resolve(), *checkpoint.resolve().parents]]
+        match = next((candidate for candidate in above if candidate.is_file()), None)
+        if match is None:
+            raise ValueError(f"the checkpoint's {key} {path!r} is relative to the directory its run started in, and "
+                             f"neither {Path.cwd()} nor a directory above {checkpoint} holds it: run this from the "
+                             "run's directory")
+        found[key] = str(match)
+    return Config.from_dict({**cfg.to_dict(), **found}) if found else cfg
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -41,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         max_shard_bytes = parse_size(args.max_shard_size)
         require_new_or_empty(args.output_dir, "OUTPUT_DIR")  # before reading (and hashing) the checkpoint
         state, cfg = load_state(args.checkpoint, args.config)
+        cfg = with_run_files_found(cfg, args.checkpoint)
         lines = write_hf_directory(state, cfg, args.output_dir, max_shard_bytes)
     except (ValueError, OSError, KeyError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error  # KeyError quotes its text

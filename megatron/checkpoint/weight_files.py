@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megatron.checkpoint.deepspeed_files import tag_directory
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config, load_config
 
@@ -103,6 +104,22 @@ def weights_in_directory(directory: Path) -> Path | None:
         for candidate in (directory / name, directory / f"{name}.index.json"):
             if candidate.is_file():
                 return candidate
+    return None
+
+
+def weights_location_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be loaded as a model (no such path; a directory holding neither a checkpoint nor exported
+    weights; a `latest` naming a missing tag), checked by names alone; None if it can be tried."""
+    path = Path(path)
+    if not path.exists():
+        return f"{path} does not exist: pass a checkpoint directory or an exported weights file"
+    if path.is_dir():
+        try:
+            if tag_directory(path) is None and weights_in_directory(path) is None:
+                return (f"{path} holds neither a checkpoint (latest, global_stepN/) nor exported weights "
+                        "(model.safetensors, pytorch_model.bin)")
+        except FileNotFoundError as error:
+            return str(error)
     return None
 
 

@@ -381,10 +381,14 @@ def _inference_problems(cfg: Config, script: str) -> list[str]:
     if weights is None or not Path(weights).exists():
         problems.append(f"{script} needs load (a checkpoint directory) or eval_ckpt (a weights file) to exist; "
                         f"load = {cfg.load!r}, eval_ckpt = {cfg.eval_ckpt!r}")
-    if script == "generate.py" and cfg.text_gen_type == "input-file" and (
-            cfg.sample_input_file is None or not Path(cfg.sample_input_file).is_file()):
-        problems.append(f"text_gen_type input-file needs sample_input_file = an existing file of prompts; "
-                        f"sample_input_file = {cfg.sample_input_file!r}")
+    if script == "generate.py" and cfg.text_gen_type == "input-file":
+        if cfg.sample_input_file is None or not Path(cfg.sample_input_file).is_file():
+            problems.append(f"text_gen_type input-file needs sample_input_file = an existing file of prompts; "
+                            f"sample_input_file = {cfg.sample_input_file!r}")
+        elif not any(prompt.strip() for prompt in Path(cfg.sample_input_file).read_text(
+                encoding="utf-8", errors="surrogateescape").split(cfg.prompt_end)):
+            problems.append(f"sample_input_file = {cfg.sample_input_file!r} holds no prompts (it is empty or blank), "
+                            "so nothing would be generated; write one prompt per line (prompt_end separates them)")
     if script == "eval.py" and not cfg.eval_tasks:
         problems.append("eval.py needs eval_tasks, e.g. eval_tasks=[lambada_openai,piqa]")
     if script == "eval.py" and cfg.eval_include_path is not None and not Path(cfg.eval_include_path).is_dir():

@@ -252,9 +252,14 @@ def read_hf_directory(directory: str | Path) -> tuple[dict[str, Tensor], dict]:
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no {CONFIG_NAME}: pass a Hugging Face model directory")
-    hf_config = json.loads(config_path.read_text(encoding="utf-8"))
-    if hf_config.get("model_type") != MODEL_TYPE:
-        raise ValueError(f"{config_path} has model_type {hf_config.get('model_type')!r}, not {MODEL_TYPE!r}: only "
+    try:
+        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{config_path} is not JSON ({error}); pass a Hugging Face model directory whose "
+                         "config.json transformers wrote") from None
+    model_type = hf_config.get("model_type") if isinstance(hf_config, dict) else None
+    if model_type != MODEL_TYPE:
+        raise ValueError(f"{config_path} has model_type {model_type!r}, not {MODEL_TYPE!r}: only "
                          "TokenFormer models convert (e.g. a directory tools/convert_to_hf.py wrote)")
     weights = weights_in_directory(directory)
     if weights is None:

@@ -41,7 +41,13 @@ from megatron.checkpoint.manifest import FileRecord, file_problems, read_manifes
 from megatron.checkpoint.official_layout import from_official, is_official, official_key
 from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.checkpoint.tensor_parallel_layout import merge_shards, split_dimensions
-from megatron.checkpoint.weight_files import CONFIG_NAME, read_config, read_weights, weights_in_directory
+from megatron.checkpoint.weight_files import (
+    CONFIG_NAME,
+    read_config,
+    read_weights,
+    weights_in_directory,
+    weights_location_problem,
+)
 from megatron.checkpoint.work_split import map_over_ranks, same_on_all_ranks
 from megatron.config import Config
 from megatron.model import TokenFormerArgs, TokenFormerModel
@@ -112,8 +118,9 @@ def load_state(path: str | Path, config: Config | str | Path | None = None) -> t
     """The whole model's state dict (fp32 weights) saved at `path`, and the config describing it; a checkpoint
     directory's files are verified first (module docstring)."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: pass a checkpoint directory or an exported weights file")
+    problem = weights_location_problem(path)
+    if problem:
+        raise FileNotFoundError(problem)
     tag_dir = tag_directory(path) if path.is_dir() else None
     if tag_dir is not None:
         verify_checkpoint_files(tag_dir)
@@ -121,9 +128,6 @@ def load_state(path: str | Path, config: Config | str | Path | None = None) -> t
         state = _read_checkpoint(tag_dir, cfg)
     else:
         weights = weights_in_directory(path) if path.is_dir() else path
-        if weights is None:
-            raise FileNotFoundError(f"{path} holds neither a checkpoint (latest, global_stepN/) nor exported "
-                                    "weights (model.safetensors, pytorch_model.bin)")
         cfg = _choose_config(weights.parent / CONFIG_NAME, config, weights)
         state = read_weights(weights)
         if is_official(state):

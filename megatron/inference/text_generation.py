@@ -49,6 +49,15 @@ def _skipped(where: str, text: str, bad: int) -> None:
               "generating the next prompt. Save prompts as UTF-8", file=sys.stderr, flush=True)
 
 
+def _too_long(index: int, prompt: str, tokens: int, limit: int) -> None:
+    """Say (on the output rank) that prompt `index` is skipped: the model has no position left to generate at."""
+    if is_output_rank():
+        start = prompt[:40] + ("..." if len(prompt) > 40 else "")
+        print(f"error: prompt {index + 1} ({start!r}) has {tokens} tokens, which leave no room to generate: "
+              f"max_position_embeddings={limit}; skipped it, generating the next prompt. Shorten it",
+              file=sys.stderr, flush=True)
+
+
 def _file_prompts(cfg: Config) -> Iterator[str]:
     """The prompts of sample_input_file, stripped, empty ones skipped; lines are numbered from 1."""
     with open(cfg.sample_input_file, encoding="utf-8", errors="surrogateescape") as stream:
@@ -107,6 +116,9 @@ def generate_samples(cfg: Config, model: TokenFormerModel, tokenizer: AbstractTo
     with open(cfg.sample_output_file, "w", encoding="utf-8") if is_output_rank() else nullcontext() as output:
         for index, prompt in enumerate(prompts_of(cfg, stdin)):
             tokens = tokenizer.tokenize(prompt) if prompt else [tokenizer.eod]
+            if len(tokens) >= model.args.max_position_embeddings:
+                _too_long(index, prompt, len(tokens), model.args.max_position_embeddings)
+                continue
             generator = torch.Generator(device).manual_seed(cfg.seed + index)
             start = time.perf_counter()
             [result] = generate(model, torch.tensor([tokens], device=device), cfg.maximum_tokens, sampling,

@@ -22,7 +22,9 @@ from megatron.checkpoint.compatibility import holds_weights_only, layout_problem
 from megatron.checkpoint.safety import CheckpointRefused
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
 from megatron.checkpoint.selection import newest_usable_tag
+from megatron.checkpoint.weight_files import weights_location_problem
 from megatron.config import Config
+from megatron.config.eval_tasks import eval_task_problems
 from megatron.config.validate import INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
@@ -112,6 +114,18 @@ def _split_problems(cfg: Config) -> list[str]:
     return [problem] if problem else []
 
 
+def _inference_problems(cfg: Config) -> list[str]:
+    """generate.py's and eval.py's inputs: weights that can be loaded, prompts, lm-eval task names."""
+    problems = []
+    weights = cfg.eval_ckpt or cfg.load
+    problem = weights_location_problem(weights) if weights else None
+    if problem:
+        problems.append(f"{'eval_ckpt' if cfg.eval_ckpt else 'load'}: {problem}")
+    if Path(cfg.user_script or "").name == "eval.py" and cfg.eval_tasks:
+        problems += eval_task_problems(cfg.eval_tasks, cfg.eval_include_path)
+    return problems
+
+
 def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
     """Every problem of the run's input files, save directory and port; [] if it can start."""
     vocabulary, problems = _padded_vocabulary(cfg)
@@ -128,4 +142,6 @@ def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
                 problems.append(str(error))
         if cfg.load and vocabulary is not None:
             problems += _resume_problems(cfg, vocabulary, world_size(slots))
+    else:
+        problems += _inference_problems(cfg)
     return problems + _master_port_problem(cfg, slots)
