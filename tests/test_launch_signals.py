@@ -99,3 +99,20 @@ def test_sigterm_to_deepspeeds_runner_reaches_the_ranks_too(demo_data, tmp_path)
     assert "deepy.py: the launcher was ended by SIGTERM; SIGTERM sent to the 2 ranks here" in stderr
     stopped_at = trained_iterations(run)
     assert (run / "checkpoints" / "latest").read_text().strip() == f"global_step{stopped_at}"
+
+
+def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path):
+    """Issue 30: SIGKILL of deepy.py left its ranks training, holding the save lock and the port."""
+    run = tmp_path / "run"
+    launcher = start_training(demo_data, run)
+    wait_for_iteration(launcher, run, 3)
+    ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True) if runs_script(p.cmdline(), "train.py")]
+    assert len(ranks) == 2
+    launcher.kill()
+    launcher.wait()
+    _, alive = psutil.wait_procs(ranks, timeout=120)
+    assert not alive, [p.cmdline()[:3] for p in alive]
+    stopped_at = trained_iterations(run)
+    assert stopped_at < 2000
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"global_step{stopped_at}"
+    launcher.communicate(timeout=60)

@@ -1,4 +1,5 @@
-"""A rank that raises ends the whole job within seconds, with its error shown, under DeepSpeed's runner.
+"""A rank that raises (or is killed) ends the whole job within seconds, with its error shown and the rank that
+ended first named, under DeepSpeed's runner.
 
 The other ranks are still working (tests/scripts/rank_check.py): only the
 launcher tearing the job down stops them. The job is launched from a hostfile
@@ -26,3 +27,15 @@ def test_failing_rank_ends_a_hostfile_launch_within_seconds(demo_data, tmp_path,
     assert_job_ended_promptly(result, failed_rank=1)
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("deepy.py: tests/scripts/rank_check.py failed (the launcher exited "), last_line
+    assert last_line.endswith("local rank 1 was the first to end: exited with status 1; the errors of the other "
+                              "ranks follow from it"), last_line
+
+
+def test_a_killed_rank_is_named_as_the_cause(demo_data, monkeypatch):
+    """Issue 30: the job ended, but deepy.py pointed at the first error printed (another rank's consequence)."""
+    monkeypatch.setenv("KILL_RANK", "1")
+    result = run_rank_check(demo_data, check=False)
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.endswith("local rank 1 was the first to end: killed by SIGKILL; the errors of the other ranks "
+                              "follow from it"), last_line

@@ -1,6 +1,6 @@
 """DeepSpeed's CPU collectives leave a /dev/shm buffer per rank and never remove it (launch/shm_buffers.py): a
 run's ranks remove their own when they end, deepy.py removes what a killed run left on its port before
-launching, and the removal touches this user's buffers of that one port only."""
+launching, and the removal touches this user's buffers of that one port only, and none a live process maps."""
 
 from __future__ import annotations
 
@@ -27,6 +27,20 @@ def test_removal_touches_this_users_buffers_of_that_port_only(tmp_path, monkeypa
         (tmp_path / name).write_bytes(b"x")
     assert remove_port_buffers(5000) == 3
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_a_buffer_a_live_process_maps_is_kept(tmp_path, monkeypatch):
+    """Issue 30: deepy.py removed the buffers of another, still running, run on the same port."""
+    import mmap
+
+    monkeypatch.setattr(shm_buffers, "SHM_DIRECTORY", tmp_path)
+    live, dead = tmp_path / f"{PREFIX}_{UID}_127.0.0.1_5000_0", tmp_path / f"{PREFIX}_{UID}_127.0.0.1_5000_1"
+    for path in (live, dead):
+        path.write_bytes(b"\0" * 4096)
+    with open(live, "r+b") as file, mmap.mmap(file.fileno(), 4096):  # mapped by this (live) process
+        assert remove_port_buffers(5000) == 1
+        assert live.exists() and not dead.exists()
+    assert remove_port_buffers(5000) == 1 and not live.exists()
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.config import Config, ConfigError
 from megatron.launch import export_rank_environment
 from megatron.launch.config_argument import decode_config
+from megatron.launch.orphan_watch import watch_launcher
 from megatron.launch.shm_buffers import remove_rank_buffer
 
 
@@ -114,6 +115,7 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
         # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     share_cores()
+    watch_launcher()
     code = 1
     try:
         main(cfg)

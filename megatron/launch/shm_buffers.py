@@ -6,8 +6,8 @@ about 64 MiB in /dev/shm, `deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTE
 64 MiB per rank until the machine restarts (a day of test runs filled 20 GB here), and a later run on the same
 port would map a dead run's buffers, whose state flags it did not write. So each rank removes its own buffer
 after the final barrier (every peer has mapped it by then; the memory goes with the last mapping), and deepy.py
-removes what a killed run left on its port, before launching (the port was found free: no live run owns them)
-and after its ranks end.
+removes what killed runs left on its port, before launching and after its ranks end: only buffers no live
+process maps, so that another run on the same port (started by hand on a shared node) keeps its own.
 """
 
 from __future__ import annotations
@@ -26,12 +26,29 @@ def remove_rank_buffer(rank: int) -> None:
         (SHM_DIRECTORY / f"{PREFIX}_{os.getuid()}_{address}_{port}_{rank}").unlink(missing_ok=True)
 
 
+def mapped_files() -> set[str]:
+    """The files this user's live processes have mapped (from /proc/PID/maps; others' are unreadable, and the
+    buffers' names carry their owner's uid)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            lines = maps.read_text().splitlines()
+        except OSError:
+            continue  # ended meanwhile, or another user's
+        mapped.update(line.split(maxsplit=5)[5] for line in lines if line.count(" ") >= 5 and "/" in line)
+    return mapped
+
+
 def remove_port_buffers(master_port: int) -> int:
-    """Every buffer of this user's runs on `master_port` (any address); how many. Only for a port no live run
-    on this machine uses."""
+    """Every buffer of this user's runs on `master_port` (any address) that no live process maps; how many."""
+    candidates = [path for path in SHM_DIRECTORY.glob(f"{PREFIX}_{os.getuid()}_*_{master_port}_*")
+                  if path.name.rsplit("_", 1)[-1].isdigit() and path.name.rsplit("_", 2)[-2] == str(master_port)]
+    if not candidates:
+        return 0
+    in_use = mapped_files()
     removed = 0
-    for path in SHM_DIRECTORY.glob(f"{PREFIX}_{os.getuid()}_*_{master_port}_*"):
-        if path.name.rsplit("_", 1)[-1].isdigit() and path.name.rsplit("_", 2)[-2] == str(master_port):
+    for path in candidates:
+        if str(path) not in in_use:
             path.unlink(missing_ok=True)
             removed += 1
     return removed

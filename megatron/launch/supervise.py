@@ -7,20 +7,73 @@ sent on as SIGTERM to every rank on this machine, which saves a checkpoint at th
 and exits 0 (training/preemption.py); deepy.py then waits for the launcher to finish and exits with it.
 Ranks on other hosts get it from the launcher (SIGTERM to srun or mpirun is forwarded to their tasks). A
 SIGTERM to DeepSpeed's runner itself ends the runner only; deepy.py, the subreaper of its descendants, then
-finds the ranks orphaned, passes the stop on to them and exits with them.
+finds the ranks orphaned, passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is
+seen by the ranks here (orphan_watch.py). When the job fails, the rank DeepSpeed's launcher saw end first,
+and how, is named as the cause.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
 
+from megatron.launch.orphan_watch import VARIABLE as ORPHAN_VARIABLE
+from megatron.launch.orphan_watch import launcher_identity
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# DeepSpeed's per-node launcher, when a rank ends badly, kills the others and logs the first one it saw end:
+#   [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...] exits with return code = -9
+FIRST_TO_END = re.compile(r"(?:^|\n)(?:(?P<host>[\w.-]+): )?[^\n]*sigkill_handler\][^\n]*--local_rank=(?P<rank>\d+)"
+                          r"[^\n]*exits with return code = (?P<code>-?\d+)")
+
+
+class FirstRankToEnd:
+    """Passes the launcher's output (the ranks' too) on unchanged and remembers which rank DeepSpeed's launcher
+    saw end first, and how (it logs that to stdout): the cause, where the other ranks' errors (a gloo
+    "connection reset") follow from it."""
+
+    def __init__(self, stdout, stderr) -> None:
+        self.found: str | None = None
+        self._threads = [threading.Thread(target=self._forward, args=(stream, target), daemon=True)
+                         for stream, target in ((stdout, sys.stdout), (stderr, sys.stderr))]
+        for thread in self._threads:
+            thread.start()
+
+    def _forward(self, stream, target) -> None:
+        tail = ""
+        while chunk := os.read(stream.fileno(), 65536):
+            try:
+                if hasattr(target, "buffer"):
+                    target.buffer.write(chunk)
+                else:  # a text stream without bytes underneath (a test's capture)
+                    target.write(chunk.decode("utf-8", "replace"))
+                target.flush()
+            except (OSError, ValueError):
+                pass  # deepy.py's own output is gone: keep draining, or the ranks would block writing theirs
+            if self.found is None:
+                tail = (tail + chunk.decode("utf-8", "replace"))[-16384:]
+                match = FIRST_TO_END.search(tail)
+                if match:
+                    self.found = describe_end(int(match["rank"]), int(match["code"]), match["host"])
+
+    def wait(self) -> str | None:
+        for thread in self._threads:
+            thread.join(timeout=10)
+        return self.found
+
+
+def describe_end(local_rank: int, code: int, host: str | None = None) -> str:
+    """'local rank 1 (on host-a) was the first to end: killed by SIGKILL'."""
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    return f"local rank {local_rank}{f' on {host}' if host else ''} was the first to end: {how}"
 
 
 def runs_script(command_line: list[str], script: str) -> bool:
@@ -70,7 +123,9 @@ def run_launcher(command: list[str], script: str) -> int:
     """Run the launcher `command` of `script`'s ranks to its end; the exit code: the launcher's (128+N for a
     signal N), or, if the launcher was killed and its ranks here stopped on their own, theirs."""
     _become_subreaper()
-    launcher = subprocess.Popen(command, start_new_session=True)
+    launcher = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(os.environ, **{ORPHAN_VARIABLE: launcher_identity()}))
+    first_to_end = FirstRankToEnd(launcher.stdout, launcher.stderr)
     this_process = psutil.Process()
 
     def stop(number: int, frame: object) -> None:
@@ -93,7 +148,9 @@ def run_launcher(command: list[str], script: str) -> int:
         for number, handler in previous.items():
             signal.signal(number, handler)
     code = code if code >= 0 else 128 - code
+    first = first_to_end.wait()
     if code:
-        print(f"deepy.py: {script} failed (the launcher exited {code}); the first error printed above is the cause",
-              file=sys.stderr, flush=True)
+        cause = f"{first}; the errors of the other ranks follow from it" if first else (
+            "the first error printed above is the cause")
+        print(f"deepy.py: {script} failed (the launcher exited {code}); {cause}", file=sys.stderr, flush=True)
     return code

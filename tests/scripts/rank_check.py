@@ -4,11 +4,13 @@ Joins the process group through the framework's own rank discovery, checks
 that every rank arrived (an all-reduce of the ranks), and prints what it
 found. With $FAIL_RANK set, that rank then raises while the others go on
 working (a 10-minute sleep stands for a long step): only the launcher ending
-the whole job stops them in time.
+the whole job stops them in time. $KILL_RANK: that rank is killed (SIGKILL)
+instead, as by the kernel's out-of-memory killer.
 """
 
 import argparse
 import os
+import signal
 import time
 
 import torch
@@ -31,7 +33,9 @@ def main() -> None:
     print(f"rank {rank} of {world}: local rank {local_rank}, master {master}", flush=True)
     if os.environ.get("FAIL_RANK") == str(rank):
         raise RuntimeError(f"rank {rank} fails on purpose at {time.time():.3f}")
-    if "FAIL_RANK" in os.environ:
+    if os.environ.get("KILL_RANK") == str(rank):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if "FAIL_RANK" in os.environ or "KILL_RANK" in os.environ:
         time.sleep(600)
 
 

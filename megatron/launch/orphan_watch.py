@@ -1,0 +1,111 @@
+"""Ranks end when deepy.py dies, even by SIGKILL (which it cannot pass on).
+
+deepy.py names itself to the ranks it starts on its own machine (host, pid and start time, so that a reused
+pid is not mistaken for it); each such rank watches for it and, once it is gone, stops the way a scheduler's
+SIGTERM stops it: a checkpoint at the next iteration, then exit. A rank that does not stop within the grace
+period (a collective whose peers are gone) is killed. Otherwise orphaned ranks would train on, holding the
+save directory's lock and the port, until they finished.
+
+deepy.py reads the ranks' output (supervise.py); once it is gone, a write there would raise BrokenPipeError
+wherever the rank happens to print, so the rank's stdout and stderr then go to /dev/null instead.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+
+import psutil
+
+VARIABLE = "TOKENFORMER_LAUNCHER"
+POLL_SECONDS = 1.0
+GRACE_SECONDS = 600.0
+
+
+def launcher_identity() -> str:
+    """What deepy.py puts in VARIABLE for its ranks: host:pid:start time."""
+    this = psutil.Process()
+    return f"{socket.gethostname()}:{this.pid}:{this.create_time():.3f}"
+
+
+def _launcher_alive(pid: int, started: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 0.01
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether `fd` is a pipe whose reading end is closed (deepy.py read the ranks' stderr)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _keep_output_writable() -> None:
+    """Point stdout and stderr at /dev/null where their reader died with deepy.py: a write there would raise
+    BrokenPipeError in the middle of the checkpoint this rank is about to save."""
+    for fd in (1, 2):
+        if _reader_gone(fd):
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), fd)
+
+
+class _OutputThatOutlivesItsReader(io.RawIOBase):
+    """A file descriptor that, once its pipe's reader is gone, is pointed at /dev/null instead of failing."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data) -> int:
+        try:
+            return os.write(self._fd, data)
+        except BrokenPipeError:
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), self._fd)
+            return len(data)
+
+
+def outlive_the_output_reader() -> None:
+    """sys.stdout and sys.stderr that survive deepy.py's death (line-buffered, as the ranks' output is read)."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(io.BufferedWriter(_OutputThatOutlivesItsReader(fd)), encoding=old.encoding,
+                                  errors=old.errors, line_buffering=True, write_through=True)
+        old.flush()
+        setattr(sys, name, stream)
+
+
+def _watch(pid: int, started: float) -> None:
+    while _launcher_alive(pid, started):
+        time.sleep(POLL_SECONDS)
+    _keep_output_writable()
+    print(f"deepy.py (pid {pid}) is gone: this rank stops (a checkpoint at the next iteration if it trains)",
+          file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(GRACE_SECONDS)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def watch_launcher() -> bool:
+    """Start watching the deepy.py that launched this rank, if it runs on this host; whether it does."""
+    host, _, rest = os.environ.get(VARIABLE, "").partition(":")
+    if host != socket.gethostname() or not rest:
+        return False
+    pid, _, started = rest.partition(":")
+    outlive_the_output_reader()
+    threading.Thread(target=_watch, args=(int(pid), float(started)), daemon=True, name="launcher-watch").start()
+    return True
