@@ -116,3 +116,21 @@ def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path):
     assert stopped_at < 2000
     assert (run / "checkpoints" / "latest").read_text().strip() == f"global_step{stopped_at}"
     launcher.communicate(timeout=60)
+
+
+def test_processes_a_stopped_rank_started_end_with_the_run(demo_data, tmp_path):
+    """Issue 30: a start stopped while DeepSpeed compiled its op left the compiler running as an orphan."""
+    pids = tmp_path / "children"
+    command = [sys.executable, "deepy.py", "tests/scripts/rank_check.py", TINY, *data_overrides(demo_data),
+               f"master_port={free_port()}"]
+    launcher = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", CHILD_PID_FILE=str(pids)))
+    deadline = time.monotonic() + 180
+    while not (pids.is_file() and len(pids.read_text().split()) == 2):
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.2)
+    children = [psutil.Process(int(pid)) for pid in pids.read_text().split()]
+    launcher.send_signal(signal.SIGINT)
+    launcher.communicate(timeout=120)
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive

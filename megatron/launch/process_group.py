@@ -27,6 +27,7 @@ from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.config import Config, ConfigError
 from megatron.launch import export_rank_environment
 from megatron.launch.config_argument import decode_config
+from megatron.launch.extension_cache import use_environment_cache
 from megatron.launch.orphan_watch import watch_launcher
 from megatron.launch.shm_buffers import remove_rank_buffer
 
@@ -116,6 +117,7 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     share_cores()
     watch_launcher()
+    use_environment_cache()  # as deepy.py does, for ranks started without it (srun, mpirun by hand)
     code = 1
     try:
         main(cfg)

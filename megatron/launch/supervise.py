@@ -109,6 +109,23 @@ def _become_subreaper() -> None:
         pass
 
 
+def _end_leftovers(this_process: psutil.Process) -> None:
+    """End what outlived the ranks: a compiler a rank started (DeepSpeed builds its op on first start) goes on
+    as an orphan, deepy.py's as the subreaper, when the rank is stopped mid-build."""
+    leftovers = this_process.children(recursive=True)
+    for process in leftovers:
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(leftovers, timeout=10)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+
+
 def _stop(ranks: list[psutil.Process], reason: str) -> None:
     print(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which save a checkpoint and stop",
           file=sys.stderr, flush=True)
@@ -144,6 +161,7 @@ def run_launcher(command: list[str], script: str) -> int:
             gone, _ = psutil.wait_procs(orphans)
             code = next((p.returncode for p in gone if p.returncode), 0)
         psutil.wait_procs(this_process.children(), timeout=60)  # runners left behind end with their ranks
+        _end_leftovers(this_process)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

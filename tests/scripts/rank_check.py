@@ -5,12 +5,15 @@ that every rank arrived (an all-reduce of the ranks), and prints what it
 found. With $FAIL_RANK set, that rank then raises while the others go on
 working (a 10-minute sleep stands for a long step): only the launcher ending
 the whole job stops them in time. $KILL_RANK: that rank is killed (SIGKILL)
-instead, as by the kernel's out-of-memory killer.
+instead, as by the kernel's out-of-memory killer. $CHILD_PID_FILE: each rank
+starts a long child process (as a compiler DeepSpeed starts on its first start)
+and writes its pid there, then waits.
 """
 
 import argparse
 import os
 import signal
+import subprocess
 import time
 
 import torch
@@ -35,7 +38,11 @@ def main() -> None:
         raise RuntimeError(f"rank {rank} fails on purpose at {time.time():.3f}")
     if os.environ.get("KILL_RANK") == str(rank):
         os.kill(os.getpid(), signal.SIGKILL)
-    if "FAIL_RANK" in os.environ or "KILL_RANK" in os.environ:
+    if "CHILD_PID_FILE" in os.environ:
+        child = subprocess.Popen(["sleep", "600"])
+        with open(os.environ["CHILD_PID_FILE"], "a") as pids:
+            pids.write(f"{child.pid}\n")
+    if {"FAIL_RANK", "KILL_RANK", "CHILD_PID_FILE"} & set(os.environ):
         time.sleep(600)
 
 

@@ -1,0 +1,53 @@
+"""The cache DeepSpeed compiles its CPU communication op into: one per Python environment, and no stale lock.
+
+torch keeps compiled extensions in TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by every
+environment of the user: two checkouts with different torch builds rebuild the op in turn on every start (1-5
+minutes each). So every entry point (deepy.py, and each rank for launches without it) sets it to
+`<environment>/torch_extensions` unless the user set it.
+
+While one process builds, it holds the build directory's `lock` file open; others wait for the file to go. A
+start interrupted mid-build (SIGINT) leaves the file behind, and every later start, of any checkout, then waits
+forever without a word. A lock that no live process holds open is such a leftover: it is removed, and said so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+VARIABLE = "TORCH_EXTENSIONS_DIR"
+
+
+def use_environment_cache() -> Path:
+    """TORCH_EXTENSIONS_DIR: the user's, or this Python environment's own (set for this process and its
+    children)."""
+    if not os.environ.get(VARIABLE):
+        os.environ[VARIABLE] = str(Path(sys.prefix) / "torch_extensions")
+    return Path(os.environ[VARIABLE])
+
+
+def _open_files() -> set[str]:
+    """Every file this user's live processes hold open (others' are unreadable)."""
+    held = set()
+    for fd_directory in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            held.update(os.readlink(link) for link in fd_directory.iterdir())
+        except OSError:
+            continue  # ended meanwhile, or another user's
+    return held
+
+
+def remove_stale_build_locks(cache: Path) -> list[Path]:
+    """Remove each build `lock` under `cache` that no live process holds open (an interrupted build's); they
+    are named on stderr and returned."""
+    locks = [path for path in cache.glob("*/*/lock") if path.is_file()] if cache.is_dir() else []
+    if not locks:
+        return []
+    held = _open_files()
+    stale = [path for path in locks if str(path.resolve()) not in held]
+    for path in stale:
+        path.unlink(missing_ok=True)
+        print(f"removed {path}: left by a start that was interrupted while compiling (no process holds it); "
+              "the op is built again", file=sys.stderr, flush=True)
+    return stale

@@ -1,0 +1,43 @@
+"""DeepSpeed's compiled op is cached per Python environment, and a build lock left by an interrupted start no
+longer makes every later start wait forever (issue 30, item 3)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from megatron.launch.extension_cache import VARIABLE, remove_stale_build_locks, use_environment_cache
+from tests.conftest import REPO
+
+
+def test_the_cache_is_this_environments_unless_the_user_chose_one(monkeypatch, tmp_path):
+    monkeypatch.delenv(VARIABLE, raising=False)
+    assert use_environment_cache() == Path(sys.prefix) / "torch_extensions"
+    assert os.environ[VARIABLE] == str(Path(sys.prefix) / "torch_extensions")
+    monkeypatch.setenv(VARIABLE, str(tmp_path))
+    assert use_environment_cache() == tmp_path
+
+
+def test_deepy_sets_it_for_what_it_launches(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != VARIABLE}
+    code = "import os, deepy; deepy.main([]); print(os.environ['TORCH_EXTENSIONS_DIR'])"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.stdout.strip().splitlines()[-1] == str(Path(sys.prefix) / "torch_extensions")
+
+
+def test_a_lock_nobody_holds_is_removed_and_a_held_one_kept(tmp_path, capsys):
+    stale = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    held = tmp_path / "py311_cpu" / "other_op" / "lock"
+    for lock in (stale, held):
+        lock.parent.mkdir(parents=True)
+    stale.touch()
+    descriptor = os.open(held, os.O_CREAT | os.O_EXCL)  # as torch's FileBaton holds it while building
+    try:
+        assert remove_stale_build_locks(tmp_path) == [stale]
+        assert not stale.exists() and held.exists()
+        assert f"removed {stale}: left by a start that was interrupted while compiling" in capsys.readouterr().err
+    finally:
+        os.close(descriptor)
+    assert remove_stale_build_locks(tmp_path) == [held]
