@@ -5,6 +5,7 @@ real signals, the tiny config on 2 processes)."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -134,3 +135,36 @@ def test_processes_a_stopped_rank_started_end_with_the_run(demo_data, tmp_path):
     launcher.communicate(timeout=120)
     _, alive = psutil.wait_procs(children, timeout=5)
     assert not alive
+
+
+def test_two_runs_started_together_on_one_port_never_mix(demo_data, tmp_path):
+    """Issue 30: the second of two runs on one port passed the busy-port check and died minutes later, one of its
+    ranks having joined the other run's rendezvous. Now one run trains; the other stops with a clear message."""
+    port = free_port()
+
+    def start(name: str) -> subprocess.Popen:
+        command = [sys.executable, "deepy.py", "train.py", TINY, *data_overrides(demo_data), "train_iters=4",
+                   "lr_decay_iters=4", "eval_iters=0", f"save={tmp_path / name}", f"log_dir={tmp_path / name}-logs",
+                   f"master_port={port}"]
+        return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    runs = [start("a"), start("b")]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    codes = [run.returncode for run in runs]
+    assert sorted(code == 0 for code in codes) == [False, True], outputs
+    _, stderr = outputs[codes.index(next(code for code in codes if code))]
+    assert (f"master_port {port} is in use on this machine" in stderr
+            or f"master_port {port} on 127.0.0.1 was taken by another program after deepy.py found it free" in stderr
+            or f"reached the rendezvous of another run at 127.0.0.1:{port}" in stderr), stderr
+    winner = "ab"[codes.index(0)]
+    assert (tmp_path / winner / "latest").read_text().strip() == "global_step4"
+
+
+def test_a_run_that_names_no_port_gets_a_free_one(demo_data, tmp_path):
+    command = [sys.executable, "deepy.py", "train.py", TINY, *data_overrides(demo_data), "train_iters=2",
+               "lr_decay_iters=2", "eval_iters=0", f"log_dir={tmp_path / 'logs'}"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    port = int(re.search(r"--master_port (\d+)", result.stdout)[1])
+    assert port != 29500 and 20000 <= port

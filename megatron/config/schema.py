@@ -337,12 +337,17 @@ _LAUNCHER = (
     Key("include", str, None, "launcher", "Hosts/slots to use, e.g. 'worker-0@worker-1:0,2'."),
     Key("exclude", str, None, "launcher", "Hosts/slots to leave out, same format as include."),
     Key("master_addr", str, None, "launcher", "Address of rank 0; inferred when unset."),
-    Key("master_port", int, 29500, "launcher", "Port of rank 0.", valid_range=Range(1, 65535)),
+    Key("master_port", int, None, "launcher",
+        "Port of rank 0. Unset: a free port on a launch from this machine (chosen by deepy.py, below the "
+        "kernel's range for outgoing connections), GPT-NeoX's 29500 otherwise.", valid_range=Range(1, 65535)),
     Key("launcher", str, "pdsh", "launcher", "Multi-node launcher.", choices=("pdsh", "slurm", "openmpi", "mpich")),
     Key("deepspeed_slurm", bool, False, "launcher", "Read ranks and addresses from the SLURM environment."),
     Key("no_ssh_check", bool, False, "launcher", "Skip the ssh reachability check of the head node."),
     Key("comment", str, None, "launcher", "Passed to the launcher as --comment (some clusters require it)."),
     Key("user_script", str, None, "launcher", "Script each rank runs.", derived="set by the launcher"),
+    Key("launch_id", str, None, "launcher",
+        "This launch's identity, which every rank checks at the rendezvous: a rank that reached another run's "
+        "master_port stops instead of joining it.", derived="set by deepy.py"),
     Key("config_files", dict, None, "launcher", "Text of each config file, keyed by path, kept with checkpoints.",
         derived="set by load_config", item=str),
 )

@@ -22,11 +22,15 @@ def initialize_inference(cfg: Config) -> torch.device:
 
     from megatron.launch import export_rank_environment
     from megatron.launch.process_group import bind_local_device, communication_backend, set_seed
+    from megatron.launch.rendezvous import join_launch
 
     if not dist.is_initialized():
         export_rank_environment(cfg)
         bind_local_device()
-        dist.init_process_group(backend=communication_backend(cfg))
+        if cfg.launch_id:
+            join_launch(cfg.launch_id, communication_backend(cfg))
+        else:
+            dist.init_process_group(backend=communication_backend(cfg))
     else:
         bind_local_device()
     world = dist.get_world_size()

@@ -11,6 +11,7 @@ import sys
 
 from megatron.config import Config, ConfigError
 from megatron.launch.hosts import is_local_host
+from megatron.launch.ports import master_port
 from megatron.launch.resources import Slots, world_size
 
 
@@ -36,7 +37,7 @@ def _selection(cfg, slots: Slots) -> list[str]:
 
 def command(cfg: Config, slots: Slots, script: str, script_args: list[str]) -> list[str]:
     runner = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--log_level", "warning"]
-    runner += ["--master_port", str(cfg.master_port)]
+    runner += ["--master_port", str(master_port(cfg))]
     runner += _selection(cfg, slots)
     if cfg.hostfile:
         remote = _remote_hosts(slots)

@@ -13,6 +13,7 @@ import os
 import subprocess
 
 from megatron.config import Config, ConfigError
+from megatron.launch.ports import master_port
 
 TORCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -39,7 +40,7 @@ def _from_slurm(cfg) -> dict[str, str]:
             "launch with python deepy.py inside an allocation (sbatch tools/slurm/train.sbatch ...)"
         ) from None
     master = cfg.master_addr or _first_host(nodelist)
-    return _torch_variables(rank, size, local, master, cfg.master_port)
+    return _torch_variables(rank, size, local, master, master_port(cfg))
 
 
 def _from_mpi(cfg) -> dict[str, str]:
@@ -53,7 +54,7 @@ def _from_mpi(cfg) -> dict[str, str]:
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     master = cfg.master_addr or world.bcast(MPI.Get_processor_name(), root=0)
-    values = _torch_variables(world.Get_rank(), world.Get_size(), node.Get_rank(), master, cfg.master_port)
+    values = _torch_variables(world.Get_rank(), world.Get_size(), node.Get_rank(), master, master_port(cfg))
     node.Free()
     # All ranks are here together, so finalizing is quick now; at exit it would wait for every rank,
     # and a rank that raised would hang instead of ending the job.

@@ -14,7 +14,6 @@ traceback per rank.
 
 from __future__ import annotations
 
-import socket
 import tempfile
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from megatron.data.data_utils import train_split_problem, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
 from megatron.launch.hosts import is_local_host
+from megatron.launch.ports import is_free, master_port
 from megatron.launch.resources import Slots, world_size
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 
@@ -68,14 +68,9 @@ def launches_here(cfg: Config, slots: Slots) -> bool:
 def _master_port_problem(cfg: Config, slots: Slots) -> list[str]:
     if not launches_here(cfg, slots):
         return []  # rank 0 starts on another machine
-    with socket.socket() as probe:
-        # As rank 0's TCPStore binds: connections of an earlier run waiting out TIME_WAIT do not count.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", cfg.master_port))
-        except OSError:
-            return [f"master_port {cfg.master_port} is in use on this machine (another run?); set master_port= to "
-                    "a free port"]
+    if not is_free(master_port(cfg)):
+        return [f"master_port {master_port(cfg)} is in use on this machine (another run?); set master_port= to "
+                "a free port, or leave it unset for one chosen here"]
     return []
 
 

@@ -29,6 +29,7 @@ from megatron.launch import export_rank_environment
 from megatron.launch.config_argument import decode_config
 from megatron.launch.extension_cache import use_environment_cache
 from megatron.launch.orphan_watch import watch_launcher
+from megatron.launch.rendezvous import join_launch
 from megatron.launch.shm_buffers import remove_rank_buffer
 
 
@@ -58,9 +59,12 @@ def bind_local_device() -> None:
 
 def initialize_distributed(cfg) -> mpu.ParallelLayout:
     """init_process_group (once), check the world size, build the groups, seed."""
-    if not dist.is_initialized():
+    started_here = not dist.is_initialized()
+    if started_here:
         export_rank_environment(cfg)
     bind_local_device()
+    if started_here and cfg.launch_id:
+        join_launch(cfg.launch_id, communication_backend(cfg))
     # Also when torch.distributed is already up (a caller's own group): DeepSpeed's collectives, which the
     # pipeline module uses before deepspeed.initialize, then wrap it.
     deepspeed.init_distributed(dist_backend=communication_backend(cfg), verbose=False)
