@@ -19,6 +19,7 @@ local processes, or the hosts of a hostfile), srun (slurm) or mpirun
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -70,6 +71,8 @@ def main(argv: list[str]) -> int:
     command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
     print(f"launching {world_size(slots)} processes: {shlex.join(command[:-1])} <config>", flush=True)
     here = launches_here(cfg, slots)
+    if here:  # the ranks need not detect it again, each warning "Setting accelerator to CPU" on a CPU machine
+        os.environ.setdefault("DS_ACCELERATOR", device)
     if here:
         remove_port_buffers(cfg.master_port)  # a killed run's, on this port found free
     code = run_launcher(command, script)

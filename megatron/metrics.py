@@ -2,13 +2,16 @@
 
 Only global rank 0 writes. metrics.jsonl has one JSON object per logged train
 step and per evaluation, with at least `iteration`, `split` ("train"/"valid")
-and `lm_loss`, so runs can be compared with a few lines of Python.
+and `lm_loss`, so runs can be compared with a few lines of Python (or drawn with
+tools/plot_metrics.py). TensorBoard gets a folder per run under tensorboard_dir.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,10 @@ class MetricsWriter:
         if cfg.tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tensorboard = SummaryWriter(log_dir=cfg.tensorboard_dir)
+            # A folder per run (start time and host), as TensorBoard expects: one folder's events are one curve.
+            run = f"{time.strftime('%Y%m%d-%H%M%S')}_{socket.gethostname()}"
+            self.tensorboard_run = Path(cfg.tensorboard_dir) / run
+            self._tensorboard = SummaryWriter(log_dir=str(self.tensorboard_run))
         if cfg.use_wandb:
             import wandb
 

@@ -23,7 +23,9 @@ def test_jsonl_and_tensorboard(tmp_path):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tmp_path / "tb"))
+    [run] = (tmp_path / "tb").iterdir()  # a folder per run
+    assert run == writer.tensorboard_run
+    events = EventAccumulator(str(run))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/lm_loss")] == [(1, 7.5)]
     assert [(e.step, e.value) for e in events.Scalars("valid/lm_loss")] == [(2, 7.0)]

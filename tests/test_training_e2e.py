@@ -67,6 +67,7 @@ def test_zero1_run_lowers_loss_and_writes_outputs(baseline_run):
     assert train[-1]["eta_s"] == 0 and all(r["eta_s"] > 0 for r in train[:-1])
     assert result.stdout.count("(incl. warm-up)") == 1 and "| ETA 0:00:00" in result.stdout
     assert "| elapsed 0:00:" in result.stdout
+    assert (result.stdout + result.stderr).count("Setting accelerator to CPU") <= 1  # deepy.py's own, at most
     cores = len(os.sched_getaffinity(0))
     said = f"threads: {max(1, cores // 2)} per process ({cores} cores, 2 processes per node)"
     assert result.stdout.count(said) == 1, result.stdout
