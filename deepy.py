@@ -27,7 +27,7 @@ from pathlib import Path
 from megatron.config import ConfigError, inactive_keys, slow_keys
 from megatron.config.validate import raise_if_any
 from megatron.launch import check_launcher, check_reachable, encode_config, launch_command, launch_notes, world_size
-from megatron.launch.extension_cache import remove_stale_build_locks, use_environment_cache
+from megatron.launch.extension_cache import compile_note, remove_stale_build_locks, use_environment_cache
 from megatron.launch.preflight import launches_here, preflight_problems
 from megatron.launch.resolve import resolve_run
 from megatron.launch.shm_buffers import remove_port_buffers
@@ -50,7 +50,8 @@ def split_arguments(args: list[str]) -> tuple[str, list[str], list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    remove_stale_build_locks(use_environment_cache())  # before anything may compile (extension_cache.py)
+    cache = use_environment_cache()
+    remove_stale_build_locks(cache)  # before anything may compile (extension_cache.py)
     try:
         script, files, overrides = split_arguments(argv)
         from deepspeed.accelerator import get_accelerator
@@ -68,6 +69,8 @@ def main(argv: list[str]) -> int:
         print(f"note: {key} has no effect here: {reason}", flush=True)
     for key, why in slow_keys(cfg, device):
         print(f"note: {key}: {why}", flush=True)
+    if launches_here(cfg, slots) and (note := compile_note(cache, device)):
+        print(note, flush=True)
     command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
     print(f"launching {world_size(slots)} processes: {shlex.join(command[:-1])} <config>", flush=True)
     here = launches_here(cfg, slots)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from megatron.config import Config
 from megatron.inference import load_model
-from megatron.inference.distributed import initialize_inference
+from megatron.inference.distributed import initialize_inference, is_output_rank
+from megatron.inference.loading import describe_weights
 from megatron.inference.text_generation import generate_samples
 from megatron.launch.process_group import run_rank
 from megatron.tokenizer import build_tokenizer
@@ -22,7 +23,11 @@ from megatron.tokenizer import build_tokenizer
 def main(cfg: Config) -> list[dict]:
     device = initialize_inference(cfg)
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
-    model = load_model(cfg.eval_ckpt or cfg.load, cfg, device)
+    weights = cfg.eval_ckpt or cfg.load
+    model = load_model(weights, cfg, device)
+    if is_output_rank():
+        print(f"loaded {describe_weights(weights)}; generating {cfg.text_gen_type} samples into "
+              f"{cfg.sample_output_file}", flush=True)
     return generate_samples(cfg, model, tokenizer, device)
 
 

@@ -28,8 +28,8 @@ def test_deepy_sets_it_for_what_it_launches(tmp_path):
 
 
 def test_a_lock_nobody_holds_is_removed_and_a_held_one_kept(tmp_path, capsys):
-    stale = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
-    held = tmp_path / "py311_cpu" / "other_op" / "lock"
+    stale = tmp_path / "deepspeed_shm_comm" / "lock"  # TORCH_EXTENSIONS_DIR/NAME/lock
+    held = tmp_path / "py311_cpu" / "other_op" / "lock"  # torch's default layout
     for lock in (stale, held):
         lock.parent.mkdir(parents=True)
     stale.touch()
@@ -41,3 +41,13 @@ def test_a_lock_nobody_holds_is_removed_and_a_held_one_kept(tmp_path, capsys):
     finally:
         os.close(descriptor)
     assert remove_stale_build_locks(tmp_path) == [held]
+
+
+def test_a_first_cpu_start_says_it_compiles(tmp_path):
+    from megatron.launch.extension_cache import compile_note
+
+    note = compile_note(tmp_path, "cpu")
+    assert note.startswith(f"note: DeepSpeed compiles its CPU communication op into {tmp_path} before the ranks")
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert compile_note(tmp_path, "cpu") is None and compile_note(tmp_path / "none", "cuda") is None

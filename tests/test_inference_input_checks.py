@@ -178,6 +178,15 @@ def test_a_prompt_longer_than_the_model_is_named_and_the_others_generated(tokeni
                             "generating the next prompt. Shorten it")
 
 
+def test_generation_shows_progress_to_a_person_and_says_where_it_wrote(tokenizer_file, tmp_path, capsys,
+                                                                       monkeypatch):
+    monkeypatch.setenv("TOKENFORMER_STDERR_IS_A_TERMINAL", "1")  # deepy.py's stderr is a terminal
+    records = generate_from(tokenizer_file, tmp_path, "text_gen_type=unconditional", "num_samples=3")
+    captured = capsys.readouterr()
+    assert len(records) == 3 and "generating: 100%" in captured.err and "3/3" in captured.err
+    assert captured.out.splitlines()[-1] == f"wrote 3 samples to {tmp_path}/samples.jsonl"
+
+
 @pytest.mark.parametrize("errors", ["surrogateescape", "strict"])  # sys.stdin's under C/POSIX and other locales
 def test_an_interactive_line_that_is_not_utf8_is_named_and_skipped(errors, tokenizer_file, tmp_path, capsys):
     typed = tmp_path / "typed"

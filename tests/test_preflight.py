@@ -141,3 +141,17 @@ def test_generation_and_evaluation_inputs_are_checked_before_launch(demo_data, t
                                 f"eval_include_path={tmp_path / 'tasks'}")
     assert ("eval_tasks: 'tiny_tsk' is not a task lm-eval knows (nor one of eval_include_path's); did you mean "
             "'tiny_task'?") in message
+    # A built-in task whose dataset is on the hub, which this test makes unreachable (issue 30: a 50-line
+    # traceback after 99 s offline); a local task passes the check
+    (tmp_path / "tasks" / "local.jsonl").write_text('{"text": "a"}\n')
+    files = f"{{data_files: {{validation: {tmp_path}/tasks/local.jsonl}}}}"
+    (tmp_path / "tasks" / "tiny_task.yaml").write_text(
+        f"task: tiny_task\ndataset_path: json\ndataset_kwargs: {files}\n")
+    (tmp_path / "tasks" / "hub_task.yaml").write_text("task: hub_task\ndataset_path: nobody/no_such_dataset\n")
+    result = run_deepy("eval.py", TINY, "num_gpus=1", vocab, f"load={tmp_path / 'empty'}",
+                       "eval_tasks=[tiny_task,hub_task]", f"eval_include_path={tmp_path / 'tasks'}", check=False,
+                       timeout=300, env=dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path)))
+    assert result.returncode == 2 and "tiny_task" not in result.stderr, result.stderr
+    assert ("eval_tasks: 'hub_task' reads the dataset 'nobody/no_such_dataset' from the Hugging Face hub, which this "
+            "machine does not reach, and it is not in the datasets cache; make it a local task (docs/inference.md, "
+            '"Offline / local datasets")') in result.stderr

@@ -136,6 +136,16 @@ def load_state(path: str | Path, config: Config | str | Path | None = None) -> t
     return {name: t.float() if t.is_floating_point() else t for name, t in state.items()}, cfg
 
 
+def describe_weights(path: str | Path) -> str:
+    """What `path` loads, for a person: the checkpoint directory and its iteration, or the weights file."""
+    path = Path(path)
+    tag_dir = tag_directory(path) if path.is_dir() else None
+    if tag_dir is None:
+        return str(path)
+    step = tag_dir.name.removeprefix("global_step")
+    return f"{tag_dir} (iteration {step})" if step.isdigit() else str(tag_dir)
+
+
 def check_state_fits(state: dict[str, Tensor], config: Config, source: str | Path) -> None:
     """One error naming every missing, unexpected or misshapen entry if `state` is not the model `config`
     describes (with the vocabulary size of its embedding)."""

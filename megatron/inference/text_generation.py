@@ -15,6 +15,7 @@ Global rank 0 appends one JSON object per sample to sample_output_file:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from contextlib import nullcontext
 from typing import TextIO
 
 import torch
+from tqdm import tqdm
 
 from megatron.config import Config
 from megatron.inference.distributed import from_output_rank, is_output_rank
@@ -108,12 +110,31 @@ def prompts_of(cfg: Config, stdin: TextIO | None = None) -> Iterator[str]:
     return _typed_prompts(stdin or sys.stdin)
 
 
+def _prompt_count(cfg: Config) -> int | None:
+    """How many prompts there are (None: typed, not known ahead)."""
+    if cfg.text_gen_type == "unconditional":
+        return cfg.num_samples
+    if cfg.text_gen_type == "input-file":
+        text = open(cfg.sample_input_file, encoding="utf-8", errors="surrogateescape").read()
+        return sum(1 for prompt in text.split(cfg.prompt_end) if prompt.strip())
+    return None
+
+
+def shows_progress() -> bool:
+    """Whether a progress bar is read by a person: stderr is a terminal, or deepy.py's is (it passes the ranks'
+    output on through a pipe and says so in TOKENFORMER_STDERR_IS_A_TERMINAL)."""
+    return sys.stderr.isatty() or os.environ.get("TOKENFORMER_STDERR_IS_A_TERMINAL") == "1"
+
+
 def generate_samples(cfg: Config, model: TokenFormerModel, tokenizer: AbstractTokenizer, device: torch.device,
                      stdin: TextIO | None = None) -> list[dict]:
     """Generate for every prompt of the configured mode; returns the records written to sample_output_file."""
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     records = []
-    with open(cfg.sample_output_file, "w", encoding="utf-8") if is_output_rank() else nullcontext() as output:
+    total = _prompt_count(cfg)
+    progress = tqdm(total=total, unit="sample", desc="generating", file=sys.stderr,
+                    disable=total is None or not is_output_rank() or not shows_progress())
+    with open(cfg.sample_output_file, "w", encoding="utf-8") if is_output_rank() else nullcontext() as output, progress:
         for index, prompt in enumerate(prompts_of(cfg, stdin)):
             tokens = tokenizer.tokenize(prompt) if prompt else [tokenizer.eod]
             if len(tokens) >= model.args.max_position_embeddings:
@@ -132,4 +153,7 @@ def generate_samples(cfg: Config, model: TokenFormerModel, tokenizer: AbstractTo
                 output.flush()
                 if cfg.text_gen_type == "interactive":
                     print(prompt + record["text"], flush=True)
+            progress.update()
+    if is_output_rank():
+        print(f"wrote {len(records)} samples to {cfg.sample_output_file}", flush=True)
     return records

@@ -41,7 +41,9 @@ def _open_files() -> set[str]:
 def remove_stale_build_locks(cache: Path) -> list[Path]:
     """Remove each build `lock` under `cache` that no live process holds open (an interrupted build's); they
     are named on stderr and returned."""
-    locks = [path for path in cache.glob("*/*/lock") if path.is_file()] if cache.is_dir() else []
+    # CACHE/NAME/lock where TORCH_EXTENSIONS_DIR is set, CACHE/pyXY_cpu/NAME/lock under torch's default
+    found = [*cache.glob("*/lock"), *cache.glob("*/*/lock")] if cache.is_dir() else []
+    locks = [path for path in found if path.is_file()]
     if not locks:
         return []
     held = _open_files()
@@ -51,3 +53,15 @@ def remove_stale_build_locks(cache: Path) -> list[Path]:
         print(f"removed {path}: left by a start that was interrupted while compiling (no process holds it); "
               "the op is built again", file=sys.stderr, flush=True)
     return stale
+
+
+CPU_COMM_OP = "deepspeed_shm_comm"
+
+
+def compile_note(cache: Path, device: str) -> str | None:
+    """What to say before a CPU start that will compile DeepSpeed's communication op first (a silent minute or
+    more otherwise); None when it is built, or on an accelerator (which does not use it)."""
+    if device != "cpu" or (cache / CPU_COMM_OP / f"{CPU_COMM_OP}.so").is_file():
+        return None
+    return (f"note: DeepSpeed compiles its CPU communication op into {cache} before the ranks start (1-5 minutes, "
+            "once for this Python environment)")

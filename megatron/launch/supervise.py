@@ -30,7 +30,8 @@ from megatron.launch.orphan_watch import launcher_identity
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # DeepSpeed's per-node launcher, when a rank ends badly, kills the others and logs the first one it saw end:
-#   [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...] exits with return code = -9
+#   [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...] exits with
+#   return code = -9   (one line)
 FIRST_TO_END = re.compile(r"(?:^|\n)(?:(?P<host>[\w.-]+): )?[^\n]*sigkill_handler\][^\n]*--local_rank=(?P<rank>\d+)"
                           r"[^\n]*exits with return code = (?P<code>-?\d+)")
 
@@ -109,6 +110,13 @@ def _become_subreaper() -> None:
         pass
 
 
+def _is_a_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _end_leftovers(this_process: psutil.Process) -> None:
     """End what outlived the ranks: a compiler a rank started (DeepSpeed builds its op on first start) goes on
     as an orphan, deepy.py's as the subreaper, when the rank is stopped mid-build."""
@@ -140,8 +148,10 @@ def run_launcher(command: list[str], script: str) -> int:
     """Run the launcher `command` of `script`'s ranks to its end; the exit code: the launcher's (128+N for a
     signal N), or, if the launcher was killed and its ranks here stopped on their own, theirs."""
     _become_subreaper()
+    # The ranks' output reaches deepy.py's through pipes (FirstRankToEnd): they are told whether a person reads it.
+    environment = {ORPHAN_VARIABLE: launcher_identity(), "TOKENFORMER_STDERR_IS_A_TERMINAL": str(int(_is_a_terminal()))}
     launcher = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=dict(os.environ, **{ORPHAN_VARIABLE: launcher_identity()}))
+                                env=dict(os.environ, **environment))
     first_to_end = FirstRankToEnd(launcher.stdout, launcher.stderr)
     this_process = psutil.Process()
 
