@@ -340,3 +340,56 @@ def test_published_datasets_record_their_largest_token_id(tmp_path):
                       show_progress=False)
     with open(output_prefix_for(str(tmp_path / "out"), "text") + ".stats.json") as stream:
         assert json.load(stream)["max_token_id"] == ord("a")
+
+
+def natural_text() -> str:
+    """About 300 kB of English prose and code with every kind of whitespace run: CPython's own sources."""
+    import inspect
+    import argparse as one
+    import difflib as two
+    import textwrap as three
+
+    return "\n\n".join(inspect.getsource(module) for module in (one, two, three))
+
+
+@pytest.mark.parametrize("kind", ["HFTokenizer", "SPMTokenizer-unigram", "SPMTokenizer-bpe", "CharLevelTokenizer"])
+def test_a_long_document_tokenized_in_pieces_gives_the_whole_texts_ids(tmp_path, hf_tokenizer_file, kind,
+                                                                          monkeypatch):
+    """Issue 30: a 50 MB one-line document peaked at 6.2 GB; documents above PIECE_CHARACTERS are tokenized in
+    pieces cut between words, with the same ids, where the tokenizer allows it."""
+    from megatron.data import preprocess
+
+    if kind.startswith("SPMTokenizer"):
+        train_sentencepiece([natural_text()[:50000]], 400, kind.split("-")[1], str(tmp_path / "spm.model"))
+        tokenizer = build_tokenizer("SPMTokenizer", str(tmp_path / "spm.model"))
+    else:
+        tokenizer = build_tokenizer(kind, hf_tokenizer_file if kind == "HFTokenizer" else None)
+    assert tokenizer.piece_cut in ("keep", "drop")
+    text = natural_text()
+    monkeypatch.setattr(preprocess, "PIECE_CHARACTERS", 4096)
+    pieces = list(preprocess.long_document_pieces(text, drop_space=tokenizer.piece_cut == "drop"))
+    assert len(pieces) >= 40 and max(map(len, pieces)) <= 4096
+    assert (" " if tokenizer.piece_cut == "drop" else "").join(pieces) == text
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": text}, {"text": "short one"}])
+    preprocess_corpus([path], str(tmp_path / "out"), tokenizer, append_eod=True, show_progress=False)
+    dataset = MMapIndexedDataset(str(tmp_path / "out_text_document"))
+    assert dataset[0].tolist() == tokenizer.tokenize(text) + [tokenizer.eod]
+    assert dataset[1].tolist() == tokenizer.tokenize("short one") + [tokenizer.eod]
+
+
+@pytest.mark.slow
+def test_a_long_one_line_document_is_preprocessed_in_bounded_memory(tmp_path, hf_tokenizer_file):
+    """A 16 MB one-line document: peak memory of the tool stays under 1 GiB (whole-text encoding: several GiB)."""
+    words = natural_text().split()
+    line = " ".join(words[i % len(words)] for i in range(3_000_000))[:16 << 20]
+    (tmp_path / "big.jsonl").write_text(json.dumps({"text": line}) + "\n")
+    code = ("import resource, sys; from tools.preprocess_data import main; main(sys.argv[1:]); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    result = subprocess.run([sys.executable, "-c", code, "--input", str(tmp_path / "big.jsonl"), "--output-prefix",
+                             str(tmp_path / "big"), "--tokenizer-type", "HFTokenizer", "--vocab-file",
+                             hf_tokenizer_file, "--append-eod", "--workers", "1"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    peak_kib = int(result.stdout.split()[-1])
+    assert peak_kib < 1 << 20, f"peak {peak_kib / 1024:.0f} MiB"
+    assert len(MMapIndexedDataset(str(tmp_path / "big_text_document"))) == 1

@@ -26,6 +26,13 @@ class AbstractTokenizer(ABC):
     def tokenize(self, text: str) -> list[int]:
         """Ids of ``text``."""
 
+    @property
+    def piece_cut(self) -> str | None:
+        """Where a long text may be cut into pieces whose ids, put together, are the whole text's (preprocessing
+        tokenizes long documents in pieces, to bound its memory): at a single space between two words, the space
+        starting the next piece ("keep") or left out because the tokenizer puts it back ("drop"); None: nowhere."""
+        return None
+
     def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Ids of each text; tokenizers with a native batch encoder override this for speed."""
         return [self.tokenize(text) for text in texts]

@@ -25,5 +25,9 @@ class CharLevelTokenizer(AbstractTokenizer):
     def tokenize(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    @property
+    def piece_cut(self) -> str | None:
+        return "keep"  # a byte is a token
+
     def detokenize(self, ids: Sequence[int]) -> str:
         return bytes(i for i in self.checked_ids(ids) if i != self.eod).decode("utf-8", errors="replace")

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
+from megatron.tokenizer.hf_tokenizer import byte_level_cut
 
 EOD_TOKEN = "<|endoftext|>"
 
@@ -52,6 +53,10 @@ class GPT2BPETokenizer(AbstractTokenizer):
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer.encode(text).ids
+
+    @property
+    def piece_cut(self) -> str | None:
+        return byte_level_cut(self._tokenizer)
 
     def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts))]

@@ -2,12 +2,21 @@
 
 from collections.abc import Sequence
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 
 EOD_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|padding|>"
+
+
+def byte_level_cut(tokenizer: Tokenizer) -> str | None:
+    """"keep" for a byte-level BPE (GPT-2, GPT-NeoX): its pre-tokenizer starts a token at every space before a
+    word; None if it is another kind, or adds special tokens to every text."""
+    plain = tokenizer.encode("a b", add_special_tokens=False).ids
+    if isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel) and tokenizer.encode("a b").ids == plain:
+        return "keep"
+    return None
 
 
 class HFTokenizer(AbstractTokenizer):
@@ -44,6 +53,10 @@ class HFTokenizer(AbstractTokenizer):
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer.encode(text).ids
+
+    @property
+    def piece_cut(self) -> str | None:
+        return byte_level_cut(self._tokenizer)
 
     def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts))]

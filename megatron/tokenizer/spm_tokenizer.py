@@ -49,6 +49,16 @@ class SPMTokenizer(AbstractTokenizer):
     def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._processor.encode(list(texts))
 
+    @property
+    def piece_cut(self) -> str | None:
+        """"drop" where words are split at whitespace and a dummy prefix starts every text (SentencePiece's
+        defaults): the space left out of a cut comes back as the next piece's prefix."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self._processor.serialized_model_proto())
+        return "drop" if proto.trainer_spec.split_by_whitespace and proto.normalizer_spec.add_dummy_prefix else None
+
     def detokenize(self, ids: Sequence[int]) -> str:
         values = self.checked_ids(ids)
         return self._processor.decode([i for i in values if i not in (self._eod, self._pad)])
