@@ -26,11 +26,11 @@ pytestmark = pytest.mark.slow
 TINY = str(REPO / "tests" / "tiny.yml")
 
 
-def start_training(demo_data: Path, run: Path) -> subprocess.Popen:
+def start_training(demo_data: Path, run: Path, *extra: str) -> subprocess.Popen:
     """deepy.py train.py for far more iterations than the test waits for, logging every iteration."""
     command = [sys.executable, "deepy.py", "train.py", TINY, *data_overrides(demo_data), "train_iters=2000",
                "lr_decay_iters=2000", "eval_interval=100000", "log_interval=1", f"save={run / 'checkpoints'}",
-               f"load={run / 'checkpoints'}", f"log_dir={run / 'logs'}", f"master_port={free_port()}"]
+               f"load={run / 'checkpoints'}", f"log_dir={run / 'logs'}", f"master_port={free_port()}", *extra]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
@@ -102,10 +102,12 @@ def test_sigterm_to_deepspeeds_runner_reaches_the_ranks_too(demo_data, tmp_path)
     assert (run / "checkpoints" / "latest").read_text().strip() == f"global_step{stopped_at}"
 
 
-def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path):
+@pytest.mark.parametrize("hostfile", [False, True], ids=["local", "hostfile"])
+def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path, hostfile):
     """Issue 30: SIGKILL of deepy.py left its ranks training, holding the save lock and the port."""
     run = tmp_path / "run"
-    launcher = start_training(demo_data, run)
+    (tmp_path / "hostfile").write_text("localhost slots=2\n")
+    launcher = start_training(demo_data, run, *([f"hostfile={tmp_path / 'hostfile'}"] if hostfile else []))
     wait_for_iteration(launcher, run, 3)
     ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True) if runs_script(p.cmdline(), "train.py")]
     assert len(ranks) == 2
