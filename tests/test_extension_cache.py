@@ -20,6 +20,27 @@ def test_the_cache_is_this_environments_unless_the_user_chose_one(monkeypatch, t
     assert use_environment_cache() == tmp_path
 
 
+def test_a_read_only_environment_gets_a_folder_of_its_own_in_the_users_cache(tmp_path):
+    """The Docker image's environment belongs to root while its user runs the ranks (issue 29's test found it)."""
+    import subprocess as run
+
+    from megatron.launch.extension_cache import environment_cache
+
+    prefix = tmp_path / "venv"
+    prefix.mkdir()
+    if os.geteuid() == 0:  # root writes anywhere but on a read-only file system
+        run.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(prefix)], check=True)
+    else:
+        prefix.chmod(0o555)
+    try:
+        cache = environment_cache(prefix, tmp_path / "home")
+    finally:
+        if os.geteuid() == 0:
+            run.run(["umount", "--lazy", str(prefix)], check=True)
+    assert cache.parent == tmp_path / "home" / ".cache" / "torch_extensions" and cache.name.startswith("venv-")
+    assert environment_cache(tmp_path, tmp_path / "home") == tmp_path / "torch_extensions"
+
+
 def test_deepy_sets_it_for_what_it_launches(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
     code = "import os, deepy; deepy.main([]); print(os.environ['TORCH_EXTENSIONS_DIR'])"

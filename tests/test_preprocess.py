@@ -383,8 +383,9 @@ def test_a_long_one_line_document_is_preprocessed_in_bounded_memory(tmp_path, hf
     words = natural_text().split()
     line = " ".join(words[i % len(words)] for i in range(3_000_000))[:16 << 20]
     (tmp_path / "big.jsonl").write_text(json.dumps({"text": line}) + "\n")
-    code = ("import resource, sys; from tools.preprocess_data import main; main(sys.argv[1:]); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    # VmHWM, the peak of this process image: ru_maxrss would count the (large) pytest process it was forked from
+    code = ("import re, sys; from tools.preprocess_data import main; main(sys.argv[1:]); "
+            "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])")
     result = subprocess.run([sys.executable, "-c", code, "--input", str(tmp_path / "big.jsonl"), "--output-prefix",
                              str(tmp_path / "big"), "--tokenizer-type", "HFTokenizer", "--vocab-file",
                              hf_tokenizer_file, "--append-eod", "--workers", "1"],
