@@ -8,14 +8,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megatron.launch.extension_cache import VARIABLE, remove_stale_build_locks, use_environment_cache
+from megatron.launch.extension_cache import (
+    VARIABLE,
+    environment_cache,
+    remove_stale_build_locks,
+    use_environment_cache,
+)
 from tests.conftest import REPO
 
 
 def test_the_cache_is_this_environments_unless_the_user_chose_one(monkeypatch, tmp_path):
     monkeypatch.delenv(VARIABLE, raising=False)
-    assert use_environment_cache() == Path(sys.prefix) / "torch_extensions"
-    assert os.environ[VARIABLE] == str(Path(sys.prefix) / "torch_extensions")
+    ours = environment_cache(Path(sys.prefix), Path.home())  # in the environment, or beside the user's cache
+    assert ours == Path(sys.prefix) / "torch_extensions" or ours.parent == Path.home() / ".cache" / "torch_extensions"
+    assert use_environment_cache() == ours and os.environ[VARIABLE] == str(ours)
     monkeypatch.setenv(VARIABLE, str(tmp_path))
     assert use_environment_cache() == tmp_path
 
@@ -23,8 +29,6 @@ def test_the_cache_is_this_environments_unless_the_user_chose_one(monkeypatch, t
 def test_a_read_only_environment_gets_a_folder_of_its_own_in_the_users_cache(tmp_path):
     """The Docker image's environment belongs to root while its user runs the ranks (issue 29's test found it)."""
     import subprocess as run
-
-    from megatron.launch.extension_cache import environment_cache
 
     prefix = tmp_path / "venv"
     prefix.mkdir()
@@ -45,7 +49,7 @@ def test_deepy_sets_it_for_what_it_launches(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
     code = "import os, deepy; deepy.main([]); print(os.environ['TORCH_EXTENSIONS_DIR'])"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.stdout.strip().splitlines()[-1] == str(Path(sys.prefix) / "torch_extensions")
+    assert result.stdout.strip().splitlines()[-1] == str(environment_cache(Path(sys.prefix), Path.home()))
 
 
 def test_a_lock_nobody_holds_is_removed_and_a_held_one_kept(tmp_path, capsys):
