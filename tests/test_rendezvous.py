@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
 import traceback
 
 import pytest
@@ -44,6 +45,17 @@ def run_ranks(port: int, launch_ids: list[str]) -> dict[int, object]:
     return found
 
 
+def one_rank(rank: int, port: int, launch_id: str) -> tuple[int, object]:
+    """(rank, what it reported) of a single forked rank."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    process = context.Process(target=_rank, args=(rank, port, launch_id, results))
+    process.start()
+    found = results.get(timeout=120)
+    process.join(timeout=60)
+    return found
+
+
 def test_ranks_of_one_launch_join_and_communicate():
     assert run_ranks(unused_port(), ["run-a", "run-a"]) == {0: 3, 1: 3}
 
@@ -52,12 +64,7 @@ def test_a_rank_of_another_launch_stops_instead_of_joining():
     port = unused_port()
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False)
     store.set(KEY, "run-a")  # the first run's rank 0, waiting for its own rank 1
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    intruder = context.Process(target=_rank, args=(1, port, "run-b", results))
-    intruder.start()
-    rank, message = results.get(timeout=120)
-    intruder.join(timeout=60)
+    rank, message = one_rank(1, port, "run-b")
     assert rank == 1 and message == (
         f"ConfigError: rank 1 reached the rendezvous of another run at 127.0.0.1:{port} (launch run-a, this one "
         "run-b) and stopped instead of joining it; give the two runs different master_port values, or leave "
@@ -66,16 +73,11 @@ def test_a_rank_of_another_launch_stops_instead_of_joining():
 
 
 def test_rank_0_whose_port_was_taken_says_so():
-    with __import__("socket").socket() as taken:
+    with socket.socket() as taken:
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        context = multiprocessing.get_context("fork")
-        results = context.Queue()
-        first = context.Process(target=_rank, args=(0, port, "run-b", results))
-        first.start()
-        rank, message = results.get(timeout=120)
-        first.join(timeout=60)
+        rank, message = one_rank(0, port, "run-b")
     assert rank == 0 and message.startswith(f"ConfigError: master_port {port} on 127.0.0.1 was taken by another "
                                             "program after deepy.py found it free (")
 

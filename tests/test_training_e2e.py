@@ -73,12 +73,18 @@ def test_zero1_run_lowers_loss_and_writes_outputs(baseline_run):
     assert result.stdout.count(said) == 1, result.stdout
 
 
-def test_resume_from_iteration_10_is_bitwise_identical(baseline_run, demo_data, tmp_path):
-    run_dir, _ = baseline_run
+def step_10_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A save directory holding only the baseline's global_step10, as `latest`."""
     resumed = tmp_path / "checkpoints"
     resumed.mkdir()
     shutil.copytree(run_dir / "checkpoints" / "global_step10", resumed / "global_step10")
     (resumed / "latest").write_text("global_step10")
+    return resumed
+
+
+def test_resume_from_iteration_10_is_bitwise_identical(baseline_run, demo_data, tmp_path):
+    run_dir, _ = baseline_run
+    resumed = step_10_of(run_dir, tmp_path)
     result = run_deepy(
         "train.py",
         TINY,
@@ -96,10 +102,7 @@ def test_resume_from_iteration_10_is_bitwise_identical(baseline_run, demo_data, 
 
 def test_a_resume_whose_schedule_jumps_the_learning_rate_says_which_keys_do_it(baseline_run, demo_data, tmp_path):
     run_dir, _ = baseline_run
-    resumed = tmp_path / "checkpoints"
-    resumed.mkdir()
-    shutil.copytree(run_dir / "checkpoints" / "global_step10", resumed / "global_step10")
-    (resumed / "latest").write_text("global_step10")
+    resumed = step_10_of(run_dir, tmp_path)
     result = run_deepy("train.py", TINY, *data_overrides(demo_data), f"load={resumed}", f"save={resumed}",
                        f"log_dir={tmp_path}/logs", "lr_decay_iters=12", "train_iters=12")
     warning = next(line for line in result.stdout.splitlines() if line.startswith("warning: resuming at"))
