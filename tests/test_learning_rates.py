@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from megatron.learning_rates import LRSchedule
+from megatron.training.learning_rates import LRSchedule
 
 
 def schedule(style: str) -> LRSchedule:
@@ -44,7 +44,7 @@ def test_from_config_uses_warmup_fraction_of_decay_iters():
 
 def test_a_resume_that_changes_the_rate_by_more_than_a_factor_is_named():
     from megatron.config import load_config
-    from megatron.learning_rates import resume_lr_change
+    from megatron.training.learning_rates import resume_lr_change
     from tests.conftest import REPO
 
     demo = [REPO / "configs" / "demo.yml"]

@@ -3,7 +3,7 @@
 import json
 
 from megatron.config import Config
-from megatron.metrics import MetricsWriter
+from megatron.training.metrics import MetricsWriter
 from tests.test_config import MINIMAL
 
 RECORDS = [

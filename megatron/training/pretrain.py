@@ -23,13 +23,13 @@ from megatron.config.validate import raise_if_any
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
 from megatron.growth.partial_init import grow_into
 from megatron.launch.process_group import initialize_distributed
-from megatron.learning_rates import LRSchedule, resume_lr_change
-from megatron.metrics import MetricsWriter
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.pipeline import build_pipeline
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.data import batch_iterator, build_datasets
 from megatron.training.gradient_clipping import clips_in_optimizer, install_gradient_clipping
+from megatron.training.learning_rates import LRSchedule, resume_lr_change
+from megatron.training.metrics import MetricsWriter
 from megatron.training.numerics import NonFiniteSteps, skip_nonfinite_updates
 from megatron.training.optimizer import build_optimizer, deepspeed_config
 from megatron.training.pattention_choice import resolve_pattention_impl
