@@ -1,5 +1,6 @@
-"""The packages of `megatron/` depend on each other without a cycle (issue 17): every import, at module level
-or inside a function, read by parsing the sources, never by importing them."""
+"""The packages of `megatron/` depend on each other without a cycle (issue 17), and so do the modules of
+megatron/config (issue 27): every import, at module level, inside a function or under TYPE_CHECKING, read by
+parsing the sources, never by importing them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ MEGATRON = Path(__file__).resolve().parents[1] / "megatron"
 
 def unit_of(module: str) -> str | None:
     """The unit a `megatron...` module belongs to: its subpackage (`megatron.checkpoint`) or, for a module at
-    the top of `megatron/`, that module (`megatron.metrics`); None outside `megatron`."""
+    the top of `megatron/`, that module (`megatron.NAME`); None outside `megatron`."""
     parts = module.split(".")
     if parts[0] != "megatron" or len(parts) < 2:
         return None
@@ -31,24 +32,39 @@ def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
             base = package[:len(package) - node.level + 1] if node.level else []
             target = ".".join([*base, *(node.module.split(".") if node.module else [])])
             found.add(target)
-            # `from megatron import mpu` imports the subpackage megatron.mpu
-            found.update(f"{target}.{alias.name}" for alias in node.names if target == "megatron")
+            # `from megatron import mpu` imports the subpackage megatron.mpu (`from megatron.config import validate`
+            # the module); names that are no module (`from megatron.config import Config`) match none in the graphs
+            found.update(f"{target}.{alias.name}" for alias in node.names)
     return found
+
+
+def module_of(path: Path, root: Path) -> tuple[str, bool]:
+    """The dotted name of the module in `path` under `root` (a `megatron` package), and whether it is a package's
+    __init__.py (named as the package)."""
+    relative = path.relative_to(root.parent).with_suffix("")
+    is_package = relative.name == "__init__"
+    return ".".join(relative.parts[:-1] if is_package else relative.parts), is_package
 
 
 def unit_graph(root: Path) -> dict[str, set[str]]:
     """Unit -> the other units it imports, over every .py file under `root` (a `megatron` package)."""
     graph: dict[str, set[str]] = {}
     for path in sorted(root.rglob("*.py")):
-        relative = path.relative_to(root.parent).with_suffix("")
-        is_package = relative.name == "__init__"
-        module = ".".join(relative.parts[:-1] if is_package else relative.parts)
+        module, is_package = module_of(path, root)
         unit = unit_of(module)
         if unit is None:  # megatron/__init__.py
             continue
         targets = {unit_of(name) for name in imported_modules(path.read_text(encoding="utf-8"), module, is_package)}
         graph.setdefault(unit, set()).update(t for t in targets if t is not None and t != unit)
     return graph
+
+
+def module_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the other modules of `package` (a folder of a `megatron` package) it imports."""
+    modules = {path: module_of(path, package.parent) for path in sorted(package.rglob("*.py"))}
+    names = {module for module, _ in modules.values()}
+    return {module: (imported_modules(path.read_text(encoding="utf-8"), module, is_package) & names) - {module}
+            for path, (module, is_package) in modules.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -79,6 +95,13 @@ def test_megatron_packages_import_each_other_without_a_cycle():
     assert {"megatron.checkpoint", "megatron.growth", "megatron.inference", "megatron.training"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle between megatron's packages: " + " -> ".join(cycle)
+
+
+def test_the_modules_of_megatron_config_import_each_other_without_a_cycle():
+    graph = module_graph(MEGATRON / "config")
+    assert {"megatron.config", "megatron.config.config", "megatron.config.validate"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between megatron.config's modules: " + " -> ".join(cycle)
 
 
 def test_no_checkpoint_module_is_left_at_the_top_of_megatron():
@@ -114,3 +137,14 @@ def test_imports_within_a_package_and_one_way_imports_are_no_cycle(tmp_path):
     graph = unit_graph(root)
     assert graph["megatron.training"] == {"megatron.checkpoint", "megatron.mpu"}
     assert find_cycle(graph) is None
+
+
+def test_a_cycle_between_modules_of_a_package_is_found_also_under_type_checking(tmp_path):
+    package = write_package(tmp_path, {
+        "__init__.py": "", "config/__init__.py": "",
+        "config/config.py": "from megatron.config.validate import check\n",
+        "config/validate.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .config import Config\n",
+        "config/loader.py": "from megatron.config import config, validate\n"})
+    graph = module_graph(package / "config")
+    assert graph["megatron.config.loader"] == {"megatron.config", "megatron.config.config", "megatron.config.validate"}
+    assert find_cycle(graph) == ["megatron.config.config", "megatron.config.validate", "megatron.config.config"]

@@ -24,7 +24,7 @@ from megatron.checkpoint.selection import newest_usable_tag
 from megatron.checkpoint.weight_files import weights_location_problem
 from megatron.config import Config
 from megatron.config.eval_tasks import eval_task_problems
-from megatron.config.validate import INFERENCE_SCRIPTS, dataset_prefixes
+from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
