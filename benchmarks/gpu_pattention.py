@@ -90,10 +90,10 @@ def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dt
                repeats: int) -> dict:
     """One Θ and shape: the three variants' fastest times and flash's peak memory over fused's."""
     from benchmarks.pattention import forward_backward, fused, gemms_only, tensors
-    from megatron.model.flash_pattention import flash_pattentions
+    from megatron.model.pattention import pattentions_function
 
     def flash(x, keys, values, norm_type):
-        return flash_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys], backend="triton")
+        return pattentions_function("flash", "triton")(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
 
     name, d, n, count = shape
     x, keys, values, grad_out = tensors(tokens, d, n, count)

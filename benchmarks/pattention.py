@@ -1,14 +1,14 @@
 """Pattention forward+backward time vs its six GEMMs alone, and activation memory: plain, fused and flash.
 
     .venv/bin/python -m benchmarks.pattention [--tokens 1024] [--repeats 5] [--threads N] [--clock wall|cpu]
-        [--baseline OTHER_VERSION/megatron/model/pattention.py]
+        [--baseline OTHER_VERSION/megatron/model/pattention/fused.py]
 
 Shapes are the paper configs' Pattention layers (width d, n parameter tokens) for `--tokens` input
 tokens (a micro-batch slice that fits this CPU); "×3" is attention's Q, K and V run as one fused node.
 The GEMM-only baseline runs exactly the six matrix products a Pattention needs (forward X·Kᵀ and S·V;
 backward dY·Vᵀ, Sᵀ·dY, dA·K and dAᵀ·X) with no normalisation: the limit any implementation can reach.
 The variants alternate and each keeps its fastest run (benchmarks/timing.py); flash is the blockwise
-PyTorch path (megatron/model/flash_pattention.py; its Triton kernels need a GPU to be timed).
+PyTorch path (megatron/model/pattention/flash.py; its Triton kernels need a GPU to be timed).
 Memory (benchmarks/activation_memory.py): "saved" is what autograd keeps from forward to backward,
 "peak" the most bytes held at once during forward + backward; "f/p" is fused / plain, "fl/f" flash /
 fused. "non-G" is the profiler's self time of the fused run's operators other than matrix products over
@@ -29,8 +29,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
 from benchmarks.timing import add_arguments, fastest
-from megatron.model.flash_pattention import flash_pattentions
-from megatron.model.pattention import fused_pattentions, pattention
+from megatron.model.pattention import pattention, pattentions_function
+from megatron.model.pattention.fused import fused_pattentions
 
 NORM_TYPES = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
 SHAPES = [  # (name, d, n, Pattentions of one input)
@@ -70,11 +70,12 @@ def fused(x, keys, values, norm_type):
 
 
 def flash(x, keys, values, norm_type):
-    return flash_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys], backend="pytorch")
+    return pattentions_function("flash", "pytorch")(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
 
 
 def load_baseline(path: Path) -> Callable:
-    """The `fused_pattention` of another version's pattention.py (e.g. before a change), as `plain` is called."""
+    """The `fused_pattention` of another version's fused Pattention file (megatron/model/pattention/fused.py, before
+    the subpackage megatron/model/pattention.py; e.g. before a change), as `plain` is called."""
     spec = importlib.util.spec_from_file_location("baseline_pattention", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

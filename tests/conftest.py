@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 if not torch.cuda.is_available():
     # Triton kernels run here under Triton's interpreter, which must be on before anything imports triton
-    # (torch._dynamo does): see megatron/model/flash_triton.py.
+    # (torch._dynamo does): see megatron/model/pattention/tiles_triton.py.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest_plugins = ["tests.inference_fixtures"]

@@ -7,11 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import megatron.model.flash_pattention as flash
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
-from megatron.model.flash_pattention import flash_pattentions
-from megatron.model.pattention import fused_pattentions, pattention
-from megatron.model.pattention_layer import pattentions_function
+from megatron.model.pattention import flash, pattention, pattentions_function
+from megatron.model.pattention.flash import flash_pattentions
+from megatron.model.pattention.fused import fused_pattentions
 from tests.distributed import run_on_ranks
 from tests.pattention_checks import all_reduce_of, assert_zero_key_growth_is_bit_identical
 
@@ -56,7 +55,7 @@ def plain(norm_type, tau, counts):
 
 
 def flashed(norm_type, tau, counts, backend):
-    return lambda x, keys, values: flash_pattentions(x, keys, values, norm_type, tau, counts, backend=backend)
+    return lambda x, keys, values: pattentions_function("flash", backend)(x, keys, values, norm_type, tau, counts)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

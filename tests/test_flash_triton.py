@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from megatron.model import flash_triton  # isort: skip  (first: sets TRITON_INTERPRET on CPU)
-from megatron.model import flash_tiles
+from megatron.model.pattention import tiles_triton as flash_triton  # isort: skip  (first: sets TRITON_INTERPRET on CPU)
+from megatron.model.pattention import tiles_torch as flash_tiles
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(37, 70), (5, 1), (3, 300)]

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
 from megatron.model import TokenFormerArgs
 from megatron.model.attention import SelfAttention
-from megatron.model.pattention import fused_pattention, fused_pattentions, pattention
+from megatron.model.pattention import pattention
+from megatron.model.pattention.fused import fused_pattention, fused_pattentions
 from tests.distributed import run_on_ranks
 from tests.pattention_checks import all_reduce_of, assert_zero_key_growth_is_bit_identical
 
@@ -178,7 +179,7 @@ def plain_rotary(x, rotary_dims, base):
 def plain_attention(attention, x, args):
     """SelfAttention's function from plain parts: one `pattention` per projection, autograd everywhere."""
     def project(p, t):
-        return pattention(t, p.key_param_tokens, p.value_param_tokens, p.norm_type, p.tau, p.norm_token_count)
+        return pattention(t, p.key_param_tokens, p.value_param_tokens, p.theta, p.tau, p.norm_token_count)
 
     b, s, d = x.shape
     heads = [project(p, x).view(b, s, args.num_attention_heads, -1).transpose(1, 2)

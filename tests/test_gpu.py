@@ -101,8 +101,7 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, p
     with different token counts, τ ≠ 1, every fresh float buffer poisoned with NaN. fp32 with TF32 off: within
     1e-5 of the plain formula in fp32, relative to each tensor's largest entry. bf16: within 1e-2 of the exact
     (fp64) result in relative norm, or 1.25× the plain formula's own bf16 error if larger."""
-    import megatron.model.flash_pattention as flash
-    from megatron.model.pattention import pattention
+    from megatron.model.pattention import flash, pattention, pattentions_function
 
     assert os.environ.get("TRITON_INTERPRET", "0") == "0", "Triton would interpret the kernels, not compile them"
     monkeypatch.setattr(flash, "TILE_ELEMENTS", {"cpu": 64 * flash.KEY_TILE, "default": 64 * flash.KEY_TILE})
@@ -118,7 +117,7 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, p
         return torch.stack([pattention(x, k, v, norm_type, tau, c) for k, v, c in zip(keys, values, counts)])
 
     def flashed(x, keys, values):
-        return flash.flash_pattentions(x, keys, values, norm_type, tau, counts, backend="triton")
+        return pattentions_function("flash", "triton")(x, keys, values, norm_type, tau, counts)
 
     exact = pattention_results(plain, x, keys, values)
     cast = x.to(dtype), [k.to(dtype) for k in keys], [v.to(dtype) for v in values]
@@ -139,7 +138,7 @@ def test_bf16_tile_products_are_accumulated_in_fp32():
     """On CUDA torch multiplies bf16 tiles straight into fp32 (mm's out_dtype), so flash's accumulator gets each
     tile's product unrounded: within fp32 error of the exact product of the bf16 values, where a product first
     rounded to bf16 (relative error ~2⁻⁹) would be hundreds of times further off."""
-    from megatron.model.flash_pattention import _accumulate, wide_output_matmul
+    from megatron.model.pattention.flash import accumulate, wide_output_matmul
 
     device = torch.device("cuda")
     assert wide_output_matmul(device, torch.bfloat16), f"torch {torch.__version__} has no fp32-output bf16 matmul"
@@ -147,7 +146,7 @@ def test_bf16_tile_products_are_accumulated_in_fp32():
     a, b = (torch.randn(rows, cols, generator=g).to(torch.bfloat16) for rows, cols in ((256, 512), (512, 384)))
     exact = a.double() @ b.double()
     target = torch.zeros(256, 384, device=device)
-    _accumulate(target, a.to(device), b.to(device))
+    accumulate(target, a.to(device), b.to(device))
     error = (target.double().cpu() - exact).norm() / exact.norm()
     assert error < 1e-5, error
 

@@ -74,7 +74,7 @@ def grown(layer, extra_tokens, seed=1):
     generator = torch.Generator().manual_seed(seed)
     keys, values = layer.key_param_tokens.detach(), layer.value_param_tokens.detach()
     new_values = torch.randn(extra_tokens, values.shape[1], generator=generator, dtype=values.dtype)
-    bigger = Pattention(keys.shape[1], values.shape[1], keys.shape[0] + extra_tokens, layer.norm_type).to(keys.dtype)
+    bigger = Pattention(keys.shape[1], values.shape[1], keys.shape[0] + extra_tokens, layer.theta).to(keys.dtype)
     with torch.no_grad():
         bigger.key_param_tokens.copy_(torch.cat([keys, torch.zeros(extra_tokens, keys.shape[1], dtype=keys.dtype)]))
         bigger.value_param_tokens.copy_(torch.cat([values, new_values]))

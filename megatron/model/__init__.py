@@ -3,8 +3,7 @@
 from megatron.model.args import TokenFormerArgs
 from megatron.model.flops import flops_per_token
 from megatron.model.init_methods import initialize_parameters
-from megatron.model.pattention import pattention
-from megatron.model.pattention_layer import Pattention
+from megatron.model.pattention import Pattention, pattention
 from megatron.model.tokenformer import TokenFormerModel
 
 __all__ = ["TokenFormerArgs", "TokenFormerModel", "Pattention", "pattention", "initialize_parameters",

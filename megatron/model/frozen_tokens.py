@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from megatron.model.pattention_layer import Pattention
+from megatron.model.pattention import Pattention
 from megatron.mpu import is_split
 from megatron.mpu.sharding import block_start
 

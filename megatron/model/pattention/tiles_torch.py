@@ -1,13 +1,14 @@
-"""Θ on one tile of scores, forward and backward: the elementwise work of the flash Pattention (PyTorch).
+"""The PyTorch tile backend: Θ on one tile of scores, forward and backward, the elementwise work of the
+flash Pattention (flash.py).
 
 A tile is a = τ·X_R·K_jᵀ for a block R of input rows and a block j of parameter tokens, in the input dtype;
 row statistics ([R, 1]) and all arithmetic are fp32; the tensors handed on to the next GEMM are in a's dtype.
 The forward functions may overwrite a (the caller's scratch tile, not used afterwards).
-flash_pattention.py runs the GEMMs around these functions; flash_triton.py implements the same six
+flash.py runs the GEMMs around these functions; tiles_triton.py implements the same six
 functions as Triton kernels (one pass over the tile each) with the same arguments and results.
 
 With r = √N/√s (s: the row statistic over all N tokens), m the row max, q = N/s and c the backward's row
-reduction (see flash_pattention.py), `coef` being c·live/s or c·q/N respectively:
+reduction (see flash.py), `coef` being c·live/s or c·q/N respectively:
     l2_norm_gelu   forward  W = GeLU(r·a)
                    backward D = GeLU'(r·a)·r·dW and Σ D·(r·a)         (and W again, for dV; dA = D − k·r·a
                             needs Σ over all tiles, so its second term is applied after them)
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from megatron.model.pattention import _at_least_fp32 as _fp32
+from megatron.model.pattention.theta import at_least_fp32
 
 
 def _gelu_slope(grad: Tensor, at: Tensor) -> Tensor:
@@ -32,35 +33,35 @@ def _gelu_slope(grad: Tensor, at: Tensor) -> Tensor:
 
 
 def l2_norm_gelu_forward(a: Tensor, row: Tensor) -> Tensor:
-    return F.gelu(_fp32(a).mul_(row)).to(a.dtype)  # a is the caller's scratch tile: overwritten
+    return F.gelu(at_least_fp32(a).mul_(row)).to(a.dtype)  # a is the caller's scratch tile: overwritten
 
 
 def gelu_l2_norm_forward(a: Tensor) -> tuple[Tensor, Tensor]:
-    g = F.gelu(_fp32(a))
+    g = F.gelu(at_least_fp32(a))
     return g.to(a.dtype), torch.linalg.vector_norm(g, dim=-1, keepdim=True).square_()
 
 
 def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    a32 = _fp32(a)
+    a32 = at_least_fp32(a)
     new_max = torch.maximum(running_max, a32.amax(dim=-1, keepdim=True))
     e = torch.exp(a32 - new_max)
     return e.to(a.dtype), e.sum(dim=-1, keepdim=True), new_max
 
 
 def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    z = _fp32(a) * row
-    d = _gelu_slope(_fp32(grad_w) * row, z)
+    z = at_least_fp32(a) * row
+    d = _gelu_slope(at_least_fp32(grad_w) * row, z)
     return F.gelu(z).to(a.dtype), d.to(a.dtype), torch.linalg.vecdot(d, z).unsqueeze(-1)
 
 
 def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
-    a32 = _fp32(a)
+    a32 = at_least_fp32(a)
     g = F.gelu(a32)
-    grad_a = _gelu_slope(_fp32(grad_w) * row - coef * g, a32)
+    grad_a = _gelu_slope(at_least_fp32(grad_w) * row - coef * g, a32)
     return (g * row).to(a.dtype), grad_a.to(a.dtype)
 
 
 def softmax_backward(a: Tensor, grad_w: Tensor, row_max: Tensor, q: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
-    e = torch.exp(_fp32(a) - row_max)
-    grad_a = (_fp32(grad_w) * q - coef) * e
+    e = torch.exp(at_least_fp32(a) - row_max)
+    grad_a = (at_least_fp32(grad_w) * q - coef) * e
     return (e * q).to(a.dtype), grad_a.to(a.dtype)

@@ -8,9 +8,8 @@ Rank r of t holds key and value tokens [r·n/t, (r+1)·n/t) of the layer, under 
     Y_r = Θ(A_r; s, m, n)·V_r                                this rank's share; Σ_r Y_r = Pattention(X)
 
 The shares are summed by the caller: an all-reduce when the next computation is replicated (`forward`),
-a reduce-scatter when it is split (Q, K, V into attention heads). The math is the layer's implementation
-(pattention_layer.py), given the tensor-parallel all-reduces for the row statistics (forward) and their
-gradient (backward).
+a reduce-scatter when it is split (Q, K, V into attention heads). The math is the layer's (layer.py), given
+the tensor-parallel all-reduces for the row statistics (forward) and their gradient (backward).
 """
 
 from collections.abc import Sequence
@@ -18,29 +17,36 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from megatron.model.pattention_layer import Pattention
+from megatron.model.pattention.layer import DEFAULT_IMPL, Pattention
 from megatron.mpu import all_reduce_max, all_reduce_sum, copy_to_region, mark_split, reduce_from_region, split_size
 
 
 class ParallelPattention(Pattention):
-    """A Pattention d_in -> d_out of `num_tokens` tokens, of which this rank holds its contiguous block."""
+    """A Pattention d_in -> d_out of `n` tokens, of which this rank holds its contiguous block."""
 
     def __init__(
         self,
-        input_dim: int,
-        output_dim: int,
-        num_tokens: int,
-        norm_type: str,
+        d_in: int,
+        d_out: int,
+        n: int,
+        theta: str = "l2_norm_gelu",
         tau: float = 1.0,
-        device: str | torch.device | None = None,
-        impl: str = "flash",
+        *,
+        impl: str = DEFAULT_IMPL,
         flash_backend: str = "auto",
+        device: str | torch.device | None = None,
     ) -> None:
-        local_tokens = split_size(num_tokens, "a Pattention's parameter-token count (slot_num)")
-        super().__init__(input_dim, output_dim, local_tokens, norm_type, tau, device, norm_token_count=num_tokens,
-                         impl=impl, flash_backend=flash_backend)
+        local_tokens = split_size(n, "a Pattention's parameter-token count (slot_num)")
+        super().__init__(d_in, d_out, local_tokens, theta, tau, impl=impl, flash_backend=flash_backend, device=device,
+                         norm_token_count=n)
         mark_split(self.key_param_tokens, dim=0)
         mark_split(self.value_param_tokens, dim=0)
+
+    def grow(self, new_count: int, mode: str = "preserve") -> None:
+        """Refused: a block's new rows belong between the other ranks' blocks, drawn from the model's init."""
+        raise NotImplementedError("ParallelPattention is one tensor-parallel block of a model's Pattention: grow the "
+                                  "model's checkpoint (tools/grow_checkpoint.py, docs/growth.md), which places the new "
+                                  "tokens of every block and draws them from the config's init")
 
     def partial_output(self, x: Tensor) -> Tensor:
         """This rank's share Θ(A_r)·V_r of the output for input x, which every rank must hold in full."""

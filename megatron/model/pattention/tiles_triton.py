@@ -1,6 +1,7 @@
-"""Θ on one tile of scores as Triton kernels: the six functions of flash_tiles.py, same arguments and results.
+"""The Triton tile backend: Θ on one tile of scores as Triton kernels, the six functions of tiles_torch.py with
+the same arguments and results.
 
-flash_tiles.py gives the math and is the reference. Each PyTorch version makes several passes over the tile
+tiles_torch.py gives the math and is the reference. Each PyTorch version makes several passes over the tile
 (one per elementwise op, each with an [R, C] temporary); each kernel here reads a (and grad_w) once, computes
 in fp32 registers and writes its results once. Elementwise functions run one program per BLOCK_R × BLOCK_C
 block; the three with a row reduction (gelu_l2_norm_forward's Σ G², softmax_forward's row max and Σ E,

@@ -3,7 +3,7 @@
 As FlashAttention does for softmax attention, the parameter tokens are visited in tiles of KEY_TILE (and
 the input rows in blocks), each tile's scores are made, used and dropped, and backward recomputes them
 from the saved input. What one Pattention keeps for backward is its input and O(tokens) row statistics
-(gelu_l2_norm and softmax: also their output), whatever n is. Per Θ (notation of pattention.py's fused
+(gelu_l2_norm and softmax: also their output), whatever n is. Per Θ (notation of fused.py's
 node: N the layer's token count, s the row statistic over all N tokens, r = √N/√s, c a row reduction):
 
     l2_norm_gelu   s = ‖τ·x·K_Pᵀ‖² = τ²·x·(K_PᵀK_P)·xᵀ: a d × d Gram matrix, no scores; then one pass,
@@ -15,45 +15,32 @@ node: N the layer's token count, s the row statistic over all N tokens, r = √N
                    Y = N/s·Y'.  For both, backward's c = dY·Y: the output is kept.
 
 Backward is one pass over the tiles: recompute A_j, dW_j = dY·V_jᵀ, Θ's closed-form gradient
-(flash_tiles.py), then dV_j, dK_j and dX: five GEMMs a tile, one more than the fused node's four.
+(tiles_torch.py), then dV_j, dK_j and dX: five GEMMs a tile, one more than the fused node's four.
 Under tensor parallelism each rank tiles its own block of tokens; the statistics go through
 `reduce_sum` / `reduce_max` as in the fused node: s (and the row max) in forward, c in backward. The
 Gram matrix is summed over this rank's tokens only, like s.
 
-The elementwise work on each tile runs in flash_tiles.py (PyTorch) or flash_triton.py (Triton kernels, on
-CUDA by default; anywhere under Triton's interpreter when asked). KEY_TILE is fixed, not derived from n,
-so that growth (zero keys appended after the old tokens) leaves every old tile's computation as it was.
+The elementwise work on each tile runs in a tile backend the caller passes (`tiles`): tiles_torch.py
+(PyTorch) or tiles_triton.py (Triton kernels), chosen by name in registry.py (Triton on CUDA by default;
+anywhere under Triton's interpreter when asked). KEY_TILE is fixed, not derived from n, so that growth (zero
+keys appended after the old tokens) leaves every old tile's computation as it was.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from types import ModuleType
 
 import torch
 from torch import Tensor
 
-from megatron.model.args import FLASH_BACKENDS
-from megatron.model.pattention import ZERO_ROW_GUARD, Reduce, _at_least_fp32, _check_norm_type, _row_dot, _unchanged
+from megatron.model.pattention import tiles_torch
+from megatron.model.pattention.theta import ZERO_ROW_GUARD, Reduce, at_least_fp32, check_theta, identity, row_dot
 
 KEY_TILE = 512
 # Elements of one [rows, KEY_TILE] tile buffer: small enough that the few alive at once stay far below a
 # [tokens, n] score matrix, large enough for efficient GEMMs (a GPU wants larger ones than a CPU).
 TILE_ELEMENTS = {"cpu": 2**17, "default": 2**22}
-
-
-def tile_functions(backend: str, device: torch.device) -> ModuleType:
-    """The module of the six tile functions: Triton on CUDA ('auto') or when asked, PyTorch otherwise."""
-    if backend not in FLASH_BACKENDS:
-        raise ValueError(f"flash_backend={backend!r}: must be one of {FLASH_BACKENDS}")
-    if backend == "triton" or (backend == "auto" and device.type == "cuda"):
-        try:
-            return importlib.import_module("megatron.model.flash_triton")
-        except ImportError as error:
-            raise RuntimeError(f"flash_backend={backend!r} runs Triton kernels, and importing them failed ({error}): "
-                               "install triton (pip install triton), or set flash_backend: pytorch") from error
-    return importlib.import_module("megatron.model.flash_tiles")
 
 
 def _row_blocks(tokens: int, device: torch.device) -> list[slice]:
@@ -81,7 +68,7 @@ def wide_output_matmul(device: torch.device, dtype: torch.dtype) -> bool:
     return _WIDE_OUTPUT_MATMUL[key]
 
 
-def _accumulate(target: Tensor, a: Tensor, b: Tensor) -> None:
+def accumulate(target: Tensor, a: Tensor, b: Tensor) -> None:
     """target += a·b, target in at least fp32 (a and b may be bf16/fp16): where torch offers it, the product
     comes out in fp32 too, instead of each tile's product being rounded to bf16 before the sum."""
     if target.dtype == a.dtype:
@@ -95,39 +82,39 @@ def _accumulate(target: Tensor, a: Tensor, b: Tensor) -> None:
 def _gram(key: Tensor) -> Tensor:
     """K_Pᵀ·K_P [d_in, d_in] in at least fp32: ‖x·K_Pᵀ‖² = x·(K_PᵀK_P)·xᵀ without the scores. Summed tile by
     tile, so that appended zero keys (growth) add exact zeros to the old tiles' sum."""
-    key = _at_least_fp32(key)
+    key = at_least_fp32(key)
     gram = key.new_zeros(key.shape[1], key.shape[1])
     for j in _key_tiles(len(key)):
         gram.addmm_(key[j].t(), key[j])
     return gram
 
 
-def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, norm_type: str, tiles: ModuleType,
+def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, theta: str, tiles: ModuleType,
                  reduce_sum: Reduce, reduce_max: Reduce, out: Tensor) -> dict[str, Tensor]:
     """One Pattention of x (τ applied) accumulated into `out` (zeros, at least fp32): what backward needs,
     by the passes above."""
     acc_dtype = out.dtype
     rows, keys = _row_blocks(len(x), x.device), _key_tiles(len(key))
-    if norm_type == "l2_norm_gelu":
+    if theta == "l2_norm_gelu":
         gram = _gram(key)
         statistic = torch.empty(len(x), 1, dtype=acc_dtype, device=x.device)
         for r in rows:
-            statistic[r] = _row_dot(torch.mm(_at_least_fp32(x[r]), gram), x[r])
+            statistic[r] = row_dot(torch.mm(at_least_fp32(x[r]), gram), x[r])
         statistic = reduce_sum(statistic)
         del gram
         row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
         for r in rows:
             for j in keys:
                 weights = tiles.l2_norm_gelu_forward(torch.mm(x[r], key[j].t()), row[r])
-                _accumulate(out[r], weights, value[j])
+                accumulate(out[r], weights, value[j])
                 del weights  # before the next tile's buffers exist
         return {"statistic": statistic, "row": row}
     statistic = torch.zeros(len(x), 1, dtype=acc_dtype, device=x.device)
-    if norm_type == "gelu_l2_norm":
+    if theta == "gelu_l2_norm":
         for r in rows:
             for j in keys:
                 weights, sum_sq = tiles.gelu_l2_norm_forward(torch.mm(x[r], key[j].t()))
-                _accumulate(out[r], weights, value[j])
+                accumulate(out[r], weights, value[j])
                 statistic[r] += sum_sq
                 del weights
         statistic = reduce_sum(statistic)
@@ -142,7 +129,7 @@ def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, norm_type: st
             rescale = torch.exp(previous - row_max[r])
             out[r].mul_(rescale)
             statistic[r].mul_(rescale).add_(e_sum)
-            _accumulate(out[r], e, value[j])
+            accumulate(out[r], e, value[j])
             del e
     shared_max = reduce_max(row_max)
     rescale = torch.exp(row_max - shared_max)
@@ -152,17 +139,17 @@ def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, norm_type: st
     return {"statistic": statistic, "row": row, "row_max": shared_max}
 
 
-def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Tensor, norm_type: str,
+def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Tensor, theta: str,
                   tiles: ModuleType, saved: dict[str, Tensor], grad_x: Tensor, reduce_sum: Reduce
                   ) -> tuple[Tensor, Tensor]:
     """(dK, dV) of one Pattention; dX (τ not applied) added into grad_x (at least fp32)."""
     statistic, row = saved["statistic"], saved["row"]
     live = (statistic > ZERO_ROW_GUARD).to(statistic.dtype)
     acc_dtype = torch.promote_types(x.dtype, torch.float32)
-    if norm_type == "gelu_l2_norm":
-        coef = reduce_sum(_row_dot(grad_out, saved["out"])).mul_(live).div_(statistic.clamp(min=ZERO_ROW_GUARD))
-    elif norm_type == "softmax":
-        coef = reduce_sum(_row_dot(grad_out, saved["out"])).mul_(row).div_(n)
+    if theta == "gelu_l2_norm":
+        coef = reduce_sum(row_dot(grad_out, saved["out"])).mul_(live).div_(statistic.clamp(min=ZERO_ROW_GUARD))
+    elif theta == "softmax":
+        coef = reduce_sum(row_dot(grad_out, saved["out"])).mul_(row).div_(n)
     else:
         dot = torch.zeros(len(x), 1, dtype=acc_dtype, device=x.device)
     grad_key = torch.zeros(key.shape, dtype=acc_dtype, device=x.device)
@@ -172,41 +159,40 @@ def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Te
         for j in _key_tiles(len(key)):
             a = torch.mm(x[r], key[j].t())
             grad_w = torch.mm(grad_out[r], value[j].t())
-            if norm_type == "l2_norm_gelu":
+            if theta == "l2_norm_gelu":
                 weights, grad_a, dot_tile = tiles.l2_norm_gelu_backward(a, grad_w, row[r])
                 dot[r] += dot_tile
-            elif norm_type == "gelu_l2_norm":
+            elif theta == "gelu_l2_norm":
                 weights, grad_a = tiles.gelu_l2_norm_backward(a, grad_w, row[r], coef[r])
             else:
                 weights, grad_a = tiles.softmax_backward(a, grad_w, saved["row_max"][r], row[r], coef[r])
             del a, grad_w
-            _accumulate(grad_value[j], weights.t(), grad_out[r])
-            _accumulate(grad_key[j], grad_a.t(), x[r])
-            _accumulate(grad_x[r], grad_a, key[j])
+            accumulate(grad_value[j], weights.t(), grad_out[r])
+            accumulate(grad_key[j], grad_a.t(), x[r])
+            accumulate(grad_x[r], grad_a, key[j])
             del weights, grad_a
-    if norm_type == "l2_norm_gelu":
+    if theta == "l2_norm_gelu":
         # dA = D − k·r·A with k = c·live/N, c = Σ over all tokens of D·Z: the second term, linear in A = X·K_Pᵀ,
         # is applied once for all tiles: dK −= K_P·(Xᵀ·diag(k·r)·X), dX −= diag(k·r)·X·(K_PᵀK_P).
         # One d × d matrix alive at a time.
         scale = reduce_sum(dot).mul_(live).div_(n).mul_(row)
         gram = _gram(key)
         for r in rows:
-            grad_x[r].addmm_(_at_least_fp32(x[r]) * scale[r], gram, alpha=-1)
+            grad_x[r].addmm_(at_least_fp32(x[r]) * scale[r], gram, alpha=-1)
         moment = gram.zero_()
         for r in rows:
-            moment.addmm_((_at_least_fp32(x[r]) * scale[r]).t(), _at_least_fp32(x[r]))
-        grad_key.addmm_(_at_least_fp32(key), moment, alpha=-1)
+            moment.addmm_((at_least_fp32(x[r]) * scale[r]).t(), at_least_fp32(x[r]))
+        grad_key.addmm_(at_least_fp32(key), moment, alpha=-1)
     return grad_key.to(key.dtype), grad_value.to(value.dtype)
 
 
 class _FlashPattention(torch.autograd.Function):
     """x [tokens, d_in], B keys [n, d_in], B values [n, d_out], token counts n [B] -> Y [B, tokens, d_out];
-    the contract of pattention.py's _FusedPattention, by the tiled passes above."""
+    the contract of fused.py's _FusedPattention, by the tiled passes above."""
 
     @staticmethod
-    def forward(ctx, x, norm_type, tau, n, reduce_sum, reduce_max, backend, *tokens):
+    def forward(ctx, x, theta, tau, n, reduce_sum, reduce_max, tiles, *tokens):
         keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
-        tiles = tile_functions(backend, x.device)
         if tau != 1.0:
             x = x * tau
         n = n.to(torch.promote_types(x.dtype, torch.float32))
@@ -215,13 +201,13 @@ class _FlashPattention(torch.autograd.Function):
         acc_dtype = torch.promote_types(x.dtype, torch.float32)
         for b, (key, value) in enumerate(zip(keys, values)):
             acc = out[b].zero_() if acc_dtype == x.dtype else out.new_zeros(out.shape[1:], dtype=acc_dtype)
-            kept.append(_forward_one(x, key, value, n[b], norm_type, tiles, reduce_sum, reduce_max, acc))
+            kept.append(_forward_one(x, key, value, n[b], theta, tiles, reduce_sum, reduce_max, acc))
             if acc_dtype != x.dtype:
                 out[b].copy_(acc)
         names = [sorted(k) for k in kept]
-        ctx.save_for_backward(x, n, out if norm_type != "l2_norm_gelu" else None, *tokens,
+        ctx.save_for_backward(x, n, out if theta != "l2_norm_gelu" else None, *tokens,
                               *(k[name] for k, kn in zip(kept, names) for name in kn))
-        ctx.names, ctx.norm_type, ctx.tau, ctx.reduce_sum, ctx.tiles = names, norm_type, tau, reduce_sum, tiles
+        ctx.names, ctx.theta, ctx.tau, ctx.reduce_sum, ctx.tiles = names, theta, tau, reduce_sum, tiles
         return out
 
     @staticmethod
@@ -236,7 +222,7 @@ class _FlashPattention(torch.autograd.Function):
             saved = {name: next(statistics) for name in ctx.names[b]}
             if out is not None:
                 saved["out"] = out[b]
-            grad_key, grad_value = _backward_one(x, key, value, n[b], grad_out[b], ctx.norm_type, ctx.tiles, saved,
+            grad_key, grad_value = _backward_one(x, key, value, n[b], grad_out[b], ctx.theta, ctx.tiles, saved,
                                                  grad_x, ctx.reduce_sum)
             grad_keys.append(grad_key)
             grad_values.append(grad_value)
@@ -249,17 +235,17 @@ def flash_pattentions(
     x: Tensor,
     key_tokens: Sequence[Tensor],
     value_tokens: Sequence[Tensor],
-    norm_type: str,
+    theta: str,
     tau: float,
     norm_token_counts: Sequence[int | Tensor],
-    reduce_sum: Reduce = _unchanged,
-    reduce_max: Reduce = _unchanged,
-    backend: str = "auto",
+    reduce_sum: Reduce = identity,
+    reduce_max: Reduce = identity,
+    tiles: ModuleType = tiles_torch,
 ) -> Tensor:
-    """`fused_pattentions`' contract ([B, ..., d_out]), computed tile by tile; `backend` picks the tile
-    functions (FLASH_BACKENDS)."""
-    _check_norm_type(norm_type)
+    """`fused_pattentions`' contract ([B, ..., d_out]), computed tile by tile with the tile functions of
+    `tiles` (a tile backend: tiles_torch or tiles_triton; registry.py picks one by name)."""
+    check_theta(theta)
     counts = torch.stack([torch.as_tensor(n, device=x.device) for n in norm_token_counts])
-    out = _FlashPattention.apply(x.reshape(-1, x.shape[-1]), norm_type, float(tau), counts, reduce_sum, reduce_max,
-                                 backend, *key_tokens, *value_tokens)
+    out = _FlashPattention.apply(x.reshape(-1, x.shape[-1]), theta, float(tau), counts, reduce_sum, reduce_max,
+                                 tiles, *key_tokens, *value_tokens)
     return out.view(len(key_tokens), *x.shape[:-1], value_tokens[0].shape[-1])

@@ -1,0 +1,29 @@
+"""Pattention, TokenFormer's replacement for Linear: attention from input tokens to learnable parameter tokens.
+
+    theta.py     Θ and the row statistics every implementation shares
+    plain.py     the reference formula under autograd            (pattention_impl: plain)
+    fused.py     one autograd node keeping one score matrix      (pattention_impl: fused)
+    flash.py     tiles, keeping no score matrix                  (pattention_impl: flash)
+    tiles_torch.py, tiles_triton.py   flash's tile backends       (flash_backend: pytorch, triton)
+    registry.py  implementation and tile backend by name
+    layer.py     `Pattention`, the nn.Module, usable on its own in any PyTorch code
+    parallel.py  `ParallelPattention`, the layer split over the tensor-parallel ranks
+
+Importing this package never imports Triton: tiles_triton is loaded when a flash Pattention runs with it.
+"""
+
+from megatron.model.args import NORM_ACTIVATIONS
+from megatron.model.pattention.layer import Pattention
+from megatron.model.pattention.parallel import ParallelPattention
+from megatron.model.pattention.plain import pattention
+from megatron.model.pattention.registry import pattentions_function
+from megatron.model.pattention.theta import (
+    ZERO_ROW_GUARD,
+    local_row_max,
+    local_row_sum,
+    normalize_scores,
+    parameter_token_scores,
+)
+
+__all__ = ["Pattention", "ParallelPattention", "pattention", "pattentions_function", "NORM_ACTIVATIONS",
+           "ZERO_ROW_GUARD", "parameter_token_scores", "local_row_max", "local_row_sum", "normalize_scores"]

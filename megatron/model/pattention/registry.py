@@ -1,0 +1,70 @@
+"""Every way of computing Pattention, by name: the one place a config value (`pattention_impl`,
+`flash_backend`) becomes code.
+
+    plain   plain.py: the reference formula under autograd (about three [tokens, n] tensors kept)
+    fused   fused.py: one autograd node keeping one [tokens, n] score matrix for backward
+    flash   flash.py: tiles, keeping the input and O(tokens) statistics, whatever n is; its tile backend:
+              pytorch   tiles_torch.py
+              triton    tiles_triton.py (Triton kernels; on a CPU only under Triton's interpreter)
+              auto      triton on CUDA tensors, pytorch elsewhere
+
+Every implementation is called as f(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum,
+reduce_max) -> [B, ..., d_out] for B Pattentions of one input, and computes the same values and gradients;
+the reductions are the tensor-parallel all-reduces of the row statistics (parallel.py). The Triton module
+is imported only when a flash Pattention runs with it, so a CPU process never loads Triton unasked.
+"""
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from megatron.model.args import FLASH_BACKENDS, PATTENTION_IMPLS
+from megatron.model.pattention.flash import flash_pattentions
+from megatron.model.pattention.fused import fused_pattentions
+from megatron.model.pattention.plain import plain_pattentions
+from megatron.model.pattention.theta import Reduce, identity
+
+IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
+    "plain": plain_pattentions,
+    "fused": fused_pattentions,
+    "flash": flash_pattentions,
+}
+TILE_BACKENDS: dict[str, str] = {
+    "pytorch": "megatron.model.pattention.tiles_torch",
+    "triton": "megatron.model.pattention.tiles_triton",
+}
+
+
+def check_choice(key: str, name: str, choices: tuple[str, ...]) -> None:
+    """One error naming the key, the value and every choice."""
+    if name not in choices:
+        raise ValueError(f"{key}={name!r}: must be one of {', '.join(choices)}")
+
+
+def tile_functions(backend: str, device: torch.device) -> ModuleType:
+    """The tile backend module `backend` names for tensors on `device` (auto: Triton on CUDA)."""
+    check_choice("flash_backend", backend, FLASH_BACKENDS)
+    resolved = ("triton" if device.type == "cuda" else "pytorch") if backend == "auto" else backend
+    try:
+        return importlib.import_module(TILE_BACKENDS[resolved])
+    except ImportError as error:
+        raise RuntimeError(f"flash_backend={backend!r} runs Triton kernels, and importing them failed ({error}): "
+                           "install triton (pip install triton), or set flash_backend: pytorch") from error
+
+
+def pattentions_function(impl: str, flash_backend: str = "auto") -> Callable[..., Tensor]:
+    """The function computing several Pattentions of one input by implementation `impl` (and, for flash,
+    tile backend `flash_backend`, resolved for each call's device); see the module docstring."""
+    check_choice("pattention_impl", impl, PATTENTION_IMPLS)
+    check_choice("flash_backend", flash_backend, FLASH_BACKENDS)
+    if impl != "flash":
+        return IMPLEMENTATIONS[impl]
+
+    def flash(x: Tensor, key_tokens, value_tokens, theta: str, tau: float, norm_token_counts,
+              reduce_sum: Reduce = identity, reduce_max: Reduce = identity) -> Tensor:
+        return flash_pattentions(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max,
+                                 tiles=tile_functions(flash_backend, x.device))
+    return flash
