@@ -12,9 +12,9 @@ docs/inference.md.
 from __future__ import annotations
 
 from megatron.config import Config
+from megatron.formats.registry import describe_weights
 from megatron.inference import load_model
 from megatron.inference.distributed import initialize_inference, is_output_rank
-from megatron.inference.loading import describe_weights
 from megatron.inference.text_generation import generate_samples
 from megatron.launch.process_group import run_rank
 from megatron.tokenizer import build_tokenizer

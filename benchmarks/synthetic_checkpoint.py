@@ -11,7 +11,7 @@ model_parallel_size 1, ZeRO stage 1 over `data_parallel_size` ranks, bf16 with f
                                         ZeRO does (parameters in the optimizer's order, padded to a multiple
                                         of 2 × ranks, cut in equal parts): fp32 masters, Adam moments, the
                                         parameter -> slice map
-    rng_state_R.pt, config.json, manifest.json, latest   as checkpoint/save_load.py writes them
+    rng_state_R.pt, config.json, manifest.json, latest   as checkpoint/save.py writes them
 
 tests/test_synthetic_checkpoint.py checks that a tiny synthetic checkpoint has the structure of one the
 Trainer writes and that the Trainer resumes from it. Weights are random (N(0, 0.02), per parameter name);
@@ -39,7 +39,7 @@ from megatron.checkpoint.commit import LATEST
 from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES
 from megatron.checkpoint.manifest import record_file, write_durably, write_manifest
 from megatron.checkpoint.rng_state import capture_rng_state
-from megatron.checkpoint.save_load import checkpoint_tag
+from megatron.checkpoint.save import checkpoint_tag
 from megatron.config import Config, load_config
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.pipeline import pipeline_place

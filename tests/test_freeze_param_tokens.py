@@ -29,14 +29,14 @@ from deepspeed.utils import safe_get_full_optimizer_state
 
 from megatron.checkpoint.engine_optimizer import base_optimizer
 from megatron.checkpoint.growth_record import GrowthRecordError, read_growth_record, write_growth_record
-from megatron.checkpoint.names import holds_trailing_rows, module_model_names
-from megatron.checkpoint.reader import read_checkpoint
-from megatron.checkpoint.save_load import save_checkpoint
+from megatron.checkpoint.save import save_checkpoint
 from megatron.checkpoint.selection import resume_tag
 from megatron.config import Config, ConfigError, load_config
+from megatron.formats.deepspeed.names import holds_trailing_rows, module_model_names
+from megatron.formats.deepspeed.reader import read_checkpoint
 from megatron.growth.freezing import run_growth
 from megatron.growth.plan import pattention_entry
-from megatron.inference.loading import load_state
+from megatron.formats.registry import read_state
 from megatron.training.pretrain import Trainer
 from tests.conftest import REPO, read_metrics
 from tests.distributed import run_on_ranks
@@ -88,7 +88,7 @@ def train_losses(world_size: int, demo_data: Path, run_dir: Path, *overrides: st
 
 def assert_only_new_tokens_changed(before: Path, after: Path) -> None:
     """Old rows bit-identical, new rows of every matrix and the embeddings changed (whole-model weights)."""
-    old, new = load_state(before)[0], load_state(after)[0]
+    old, new = read_state(before)[0], read_state(after)[0]
     checked = 0
     for name in old:
         entry = pattention_entry(name)
@@ -127,7 +127,7 @@ def test_zero_1_data_parallel_keeps_old_tokens_and_resumes_frozen_bitwise(grown_
 
 def test_without_the_key_all_tokens_train_and_the_record_is_carried(grown_dp2, demo_data, tmp_path):
     train_losses(2, demo_data, tmp_path, f"load={grown_dp2}", f"save={tmp_path}/checkpoints", "train_iters=2")
-    old, new = load_state(grown_dp2)[0], load_state(tmp_path / "checkpoints")[0]
+    old, new = read_state(grown_dp2)[0], read_state(tmp_path / "checkpoints")[0]
     rows = GROWN_FROM["ffn_slot_num"]
     assert not torch.equal(new["layers.0.mlp.value_param_tokens"][:rows], old["layers.0.mlp.value_param_tokens"][:rows])
     assert read_growth_record(tmp_path / "checkpoints" / "global_step2") == RECORD
@@ -154,7 +154,7 @@ def test_a_weights_only_load_restarts_the_bf16_masters_without_zero(demo_data, t
     grown = grow(1, demo_data, tmp_path / "grown", *layout)
     train_losses(1, demo_data, tmp_path, *layout, FREEZE, "optimizer={type: Adam, params: {lr: 1.0e-30}}",
                  "min_lr=0", f"load={grown}", f"save={tmp_path}/checkpoints", "train_iters=2")
-    old, new = load_state(grown)[0], load_state(tmp_path / "checkpoints")[0]
+    old, new = read_state(grown)[0], read_state(tmp_path / "checkpoints")[0]
     assert [name for name in old if not torch.equal(new[name], old[name])] == []
 
 

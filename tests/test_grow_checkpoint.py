@@ -25,12 +25,12 @@ import torch.distributed as dist
 import yaml
 
 from megatron import mpu
-from megatron.checkpoint.deepspeed_files import write_checkpoint
 from megatron.checkpoint.engine_optimizer import base_optimizer
-from megatron.checkpoint.reader import CheckpointUnreadable, open_checkpoint
 from megatron.config import ConfigError, load_config
+from megatron.formats.deepspeed.files import write_checkpoint
+from megatron.formats.deepspeed.reader import CheckpointUnreadable, open_checkpoint
 from megatron.growth.plan import SOFTMAX_GROWTH
-from megatron.inference.loading import load_state
+from megatron.formats.registry import read_state
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.training.data import batch_iterator
 from megatron.training.pretrain import Trainer
@@ -211,7 +211,7 @@ def test_pretrain_partial_init_starts_from_the_tools_output(source, grown_single
     started = run_on_ranks(1, stage, values)[0]
     assert started["start"] == 0
     assert_same_loss(started["valid"], source.valid)
-    tool_output, _ = load_state(grown_single)
+    tool_output, _ = read_state(grown_single)
     assert all(torch.equal(started["weights"][0][name], weight) for name, weight in tool_output.items())
     frozen_tp2 = run_on_ranks(2, stage, {**values, "model_parallel_size": 2, "freeze_old_param_tokens": True}, 1)
     assert [r["start"] for r in frozen_tp2] == [0, 0]
@@ -317,8 +317,8 @@ def test_official_growth_by_the_tool_is_the_official_procedure_in_another_layout
     config = target_yaml(tmp_path / "target.yml", target)
     tag_dir, plan = grow_checkpoint(source.save, tmp_path / "grown", [TINY, config], growth_mode="official")
     assert tag_dir.name == "global_step0" and plan.mode == "official"
-    grown, grown_config = load_state(tag_dir.parent)
-    assert_equal_states(grown, official_reference(load_state(source.save)[0], grown_config))
+    grown, grown_config = read_state(tag_dir.parent)
+    assert_equal_states(grown, official_reference(read_state(source.save)[0], grown_config))
     assert grown_config.growth_mode == "official"
     started = run_on_ranks(4, training_start, {**target, "load": str(tag_dir.parent)})
     assert [(r["iteration"], r["optimizer_state"]) for r in started] == [(0, 0)] * 4  # a fresh optimizer
@@ -326,7 +326,7 @@ def test_official_growth_by_the_tool_is_the_official_procedure_in_another_layout
 
 def test_official_pretrain_partial_init_is_the_official_procedure_with_a_fresh_optimizer(source, tmp_path):
     values = {**source.values, **DOUBLED, **SINGLE_PROCESS, "pretrain_partial_init": str(source.save)}
-    old, source_config = load_state(source.save)
+    old, source_config = read_state(source.save)
     runs = {}
     for name, extra in {"official": {"growth_mode": "official"}, "preserve": {},
                         "preserve_reset": {"pretrain_partial_init_reset_optimizer": True}}.items():

@@ -12,8 +12,9 @@ from megatron.config import ConfigError, load_config
 from megatron.growth.grow import grown_state, grown_states
 from megatron.growth.plan import SOFTMAX_GROWTH, pattention_entry, plan_growth
 from megatron.model import TokenFormerArgs, TokenFormerModel
-from megatron.model.init_methods import InitRole, initial_value
-from megatron.model.pattention_layer import Pattention
+from megatron.model.init_methods import initial_value
+from megatron.model.init_roles import InitRole
+from megatron.model.pattention import Pattention
 from tests.conftest import REPO
 
 TINY = REPO / "tests" / "tiny.yml"

@@ -25,13 +25,13 @@ import torch.multiprocessing as mp
 from deepspeed.utils import lazy_init_hp_params_optimizer_state, safe_get_full_fp32_param, safe_get_full_optimizer_state
 
 from megatron import mpu
-from megatron.checkpoint.names import tokenformer_name
 from megatron.checkpoint.parameter_state import ParameterState
-from megatron.checkpoint.reader import CheckpointUnreadable, open_checkpoint
 from megatron.checkpoint.selection import resume_tag
-from megatron.checkpoint.tensor_parallel_layout import split_dimensions
-from megatron.checkpoint.writer import CheckpointWriter
 from megatron.config import load_config
+from megatron.formats.deepspeed.names import tokenformer_name
+from megatron.formats.deepspeed.reader import CheckpointUnreadable, open_checkpoint
+from megatron.formats.deepspeed.writer import CheckpointWriter
+from megatron.formats.tensor_parallel import split_dimensions
 from megatron.inference import load_model
 from megatron.model import TokenFormerArgs
 from megatron.training.pretrain import Trainer

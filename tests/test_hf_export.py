@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from megatron.checkpoint.weight_files import write_weights
 from megatron.config import load_config
-from megatron.hf.export import CODE_FILES
-from megatron.hf.export import HERE as HF_PACKAGE
+from megatron.formats.consolidated import write_weights
+from megatron.formats.huggingface import CODE_FILES
+from megatron.formats.huggingface import REMOTE_CODE as HF_PACKAGE
 from megatron.inference import load_model
 from megatron.inference.generation import generate
 from megatron.inference.sampling import SamplingParams
@@ -254,7 +254,7 @@ def test_gpt2_bpe_and_sentencepiece_runs_export_a_tokenizer_encoding_as_theirs(k
 def test_a_converted_tokenizer_that_encodes_otherwise_is_not_written(tokenizer_runs, tmp_path, capsys, monkeypatch):
     """The check, not the converter, decides: a unigram run given the BPE model's conversion writes no tokenizer
     and says where the two differ."""
-    import megatron.hf.export as export_module
+    import megatron.formats.huggingface as export_module
 
     other = tokenizer_runs["SPMTokenizer-bpe"]["vocab_file"]
     monkeypatch.setattr(export_module, "fast_tokenizer", lambda tokenizer: from_sentencepiece(other))

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from megatron import mpu
-from megatron.checkpoint.reader import CheckpointUnreadable
 from megatron.config import load_config
+from megatron.formats.deepspeed.reader import CheckpointUnreadable
 from megatron.inference import load_model
 from megatron.inference.text_generation import generate_samples
 from megatron.model import TokenFormerArgs, TokenFormerModel

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.checkpoint.save_load import load_checkpoint
 from megatron.config import Config, ConfigError
+from megatron.formats.deepspeed.resume import load_checkpoint
 from megatron.training.optimizer import parameter_groups
 from tests.conftest import REPO, run_deepy
 from tests.test_tensor_parallel_config import MINIMAL, error_of

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.checkpoint.save_load import load_checkpoint
 from megatron.config import Config, ConfigError
+from megatron.formats.deepspeed.resume import load_checkpoint
 
 MINIMAL = {
     "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "qkv_slot_num": 32, "proj_slot_num": 32,

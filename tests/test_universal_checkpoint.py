@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from megatron.checkpoint.names import tokenformer_name
-from megatron.checkpoint.reader import open_checkpoint
+from megatron.formats.deepspeed.names import tokenformer_name
+from megatron.formats.deepspeed.reader import open_checkpoint
 from megatron.launch.process_group import initialize_distributed
 from megatron.training.pretrain import setup_model_and_engine
 from tests.conftest import REPO

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron.checkpoint.weight_files import write_safetensors_shards
+from megatron.formats.consolidated import write_safetensors_shards
 
 
 def test_safetensors_files_have_the_mode_of_the_files_beside_them(tmp_path):

@@ -19,12 +19,12 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from megatron.checkpoint.deepspeed_files import write_checkpoint
 from megatron.checkpoint.output_directory import require_new_or_empty
-from megatron.checkpoint.tensor_parallel_layout import split_dimensions, split_state
 from megatron.config import load_config
-from megatron.hf.export import HF_NAMES, architecture_of, read_hf_directory
-from megatron.inference.loading import check_state_fits
+from megatron.formats import huggingface
+from megatron.formats.deepspeed.files import write_checkpoint
+from megatron.formats.registry import check_state_fits
+from megatron.formats.tensor_parallel import split_dimensions, split_state
 from megatron.model import TokenFormerArgs
 
 
@@ -33,16 +33,9 @@ def convert_from_hf(hf_dir: Path, output_dir: Path, configs: Sequence[str | Path
     """The model in `hf_dir` as a checkpoint in `output_dir` for the run config `configs` (YAML files merged left
     to right); returns its tag directory."""
     require_new_or_empty(output_dir, "OUTPUT_DIR")
-    config = " + ".join(str(path) for path in configs)
     cfg = load_config(configs, [f"model_parallel_size={model_parallel_size}"] if model_parallel_size else [])
-    state, hf_config = read_hf_directory(hf_dir)
-    cfg.padded_vocab_size = state["word_embeddings.weight"].shape[0]
+    state, cfg = huggingface.read(hf_dir, cfg)
     args = TokenFormerArgs.for_inference(cfg, cfg.padded_vocab_size)
-    different = [f"{key} {getattr(args, key)!r} (config.json: {HF_NAMES.get(key, key)}={value!r})"
-                 for key, value in architecture_of(hf_config, hf_dir).items() if getattr(args, key) != value]
-    if different:
-        raise ValueError(f"{config} does not describe the model in {hf_dir}: " + "; ".join(different)
-                         + f". Set those keys in {config} to the model's values")
     check_state_fits(state, cfg, hf_dir)
     return write_checkpoint(split_state(state, split_dimensions(args), cfg.model_parallel_size), cfg, output_dir)
 

@@ -11,7 +11,7 @@ load_model, generate.py and eval.py (load=SAVE). The config gives the architectu
 configs/tokenformer/*_eval.yml load as they are); the vocabulary size comes from the weights. Weights are
 stored in fp32, which holds the release's fp16 values exactly.
 Export reads any checkpoint or weights load_model reads and writes the official layout in fp32: exporting
-an import gives back the imported tensors exactly. Key layout: megatron/checkpoint/official_layout.py.
+an import gives back the imported tensors exactly. Key layout: megatron/formats/official.py.
 Files are read with torch.load(weights_only=True). Neither direction overwrites: import needs a new or empty
 SAVE directory, export a SAVE file that does not exist yet. A problem (a missing or damaged input, an existing
 SAVE) is one line on stderr and exit status 2.
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint.deepspeed_files import write_checkpoint
-from megatron.checkpoint.official_layout import from_official, official_key, to_official
-from megatron.checkpoint.tensor_parallel_layout import split_dimensions, split_state
-from megatron.checkpoint.weight_files import read_weights
 from megatron.config import load_config
-from megatron.inference.loading import check_state_fits, load_state
+from megatron.formats.consolidated import read_weights
+from megatron.formats.deepspeed.files import write_checkpoint
+from megatron.formats.official import from_official, official_key, to_official
+from megatron.formats.registry import check_state_fits, read_state
+from megatron.formats.tensor_parallel import split_dimensions, split_state
 from megatron.model import TokenFormerArgs
 
 
@@ -52,7 +52,7 @@ def export_official(checkpoint: Path, save: Path, config: Path | None = None) ->
     """The model saved at `checkpoint` in the official layout, written to the file `save`."""
     if save.exists():
         raise FileExistsError(f"{save} exists: remove it or give another --save (export does not overwrite)")
-    state, cfg = load_state(checkpoint, config)
+    state, cfg = read_state(checkpoint, config)
     official = to_official(state, cfg.num_layers, cfg.pattention_tau)
     save.parent.mkdir(parents=True, exist_ok=True)
     partial = save.with_name(save.name + ".partial")

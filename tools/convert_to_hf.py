@@ -25,8 +25,8 @@ from pathlib import Path
 
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config
-from megatron.hf.export import parse_size, write_hf_directory
-from megatron.inference.loading import load_state
+from megatron.formats.huggingface import parse_size, write_hf_directory
+from megatron.formats.registry import read_state
 
 
 def with_run_files_found(cfg: Config, checkpoint: Path) -> Config:
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     try:
         max_shard_bytes = parse_size(args.max_shard_size)
         require_new_or_empty(args.output_dir, "OUTPUT_DIR")  # before reading (and hashing) the checkpoint
-        state, cfg = load_state(args.checkpoint, args.config)
+        state, cfg = read_state(args.checkpoint, args.config)
         cfg = with_run_files_found(cfg, args.checkpoint)
         lines = write_hf_directory(state, cfg, args.output_dir, max_shard_bytes)
     except (ValueError, OSError, KeyError) as error:

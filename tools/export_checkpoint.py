@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from megatron.checkpoint.output_directory import require_new_or_empty
-from megatron.checkpoint.weight_files import write_weights
-from megatron.inference.loading import load_state
+from megatron.formats.consolidated import write_weights
+from megatron.formats.registry import read_state
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     try:
         require_new_or_empty(args.out, "the output directory")  # before reading (and hashing) the checkpoint
-        state, cfg = load_state(args.checkpoint, args.config)
+        state, cfg = read_state(args.checkpoint, args.config)
         cfg.padded_vocab_size = state["word_embeddings.weight"].shape[0]
         target = write_weights(state, cfg, args.out, safetensors=args.safetensors)
     except (ValueError, OSError) as error:

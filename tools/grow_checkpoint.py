@@ -32,13 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from megatron.checkpoint.growth_record import read_growth_record
 from megatron.checkpoint.commit import STAGING_PREFIX
+from megatron.checkpoint.growth_record import read_growth_record
 from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty
-from megatron.checkpoint.reader import SourceCheckpoint, checkpoint_directory, read_checkpoint, verify_checkpoint
-from megatron.checkpoint.save_load import checkpoint_tag
-from megatron.checkpoint.writer import CheckpointWriter
+from megatron.checkpoint.save import checkpoint_tag
 from megatron.config import load_config
+from megatron.formats.deepspeed.reader import SourceCheckpoint, checkpoint_directory, read_checkpoint, verify_checkpoint
+from megatron.formats.deepspeed.writer import CheckpointWriter
 from megatron.growth.grow import grown_states
 from megatron.growth.plan import GrowthPlan, plan_growth
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from megatron.growth.plan import SLOT_KEYS
+from megatron.model.spec import slot_keys
 from megatron.progressive.costs import stage_cost
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.progress import checkpoint_iteration
@@ -85,7 +85,7 @@ def write_runs(work_dir: Path, shared: Path, scale: float, template: Path = TEMP
     official = [stages[0], *({**stage, "growth_mode": "official"} for stage in stages[1:])]
     runs["official"] = _run("official", _write(plans / "progressive_official.yml", configs,
                                                work_dir / "progressive_official", official))
-    scratch = {**first, **{key: last[key] for key in SLOT_KEYS if key in last}, "name": f"{last['name']}_scratch",
+    scratch = {**first, **{key: last[key] for key in slot_keys() if key in last}, "name": f"{last['name']}_scratch",
                "train_iters": scaled(scratch_iters, scale)}
     runs["scratch"] = _run("scratch", _write(plans / "scratch.yml", configs, work_dir / "scratch", [scratch]))
     small, large = runs["progressive"].stages[0].config, runs["scratch"].stages[0].config

@@ -13,7 +13,7 @@ Our optimizer is torch AdamW (training/optimizer.py); what DeepSpeed wraps it in
                                                                                             ("partitioned")
 
 Per-parameter state is saved without names (torch numbers it), so `optimizer_parameter_names` is saved with
-it (save_load.py) for a reader to tell which is which; partitioned state names itself
+it (save.py) for a reader to tell which is which; partitioned state names itself
 (`param_slice_mappings`).
 """
 

@@ -20,7 +20,6 @@ from megatron.checkpoint.manifest import FileRecord, checkpoint_files, file_prob
 from megatron.checkpoint.safety import CheckpointRefused, unpickling_problems
 from megatron.checkpoint.work_split import is_rank_0, map_over_ranks, same_on_all_ranks
 
-
 # Checkpoints this process found damaged while choosing where to resume: pruning never counts them as kept.
 _refused: set[Path] = set()
 

@@ -8,8 +8,8 @@ as usual.
 
 A frozen run's optimizer holds state for the trainable rows only, so its checkpoints record what was frozen
 (checkpoint/growth_record.py). A checkpoint the grow tool wrote keeps its optimizer state per whole parameter
-(checkpoint/portable.py): it fits any freeze, and the rows a frozen run trains keep their fp32 masters, Adam's
-moments and step (checkpoint/engine_state.py), as with pretrain_partial_init. When a DeepSpeed checkpoint's
+(formats/deepspeed/portable.py): it fits any freeze, and the rows a frozen run trains keep their fp32 masters, Adam's
+moments and step (formats/deepspeed/engine_state.py), as with pretrain_partial_init. When a DeepSpeed checkpoint's
 optimizer state was saved with another freeze, only its weights are loaded: Adam's moments restart at zero,
 and where the run keeps fp32 master weights (bf16) they restart from the loaded bf16 weights, losing what the
 masters held beyond bf16.
@@ -24,14 +24,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from megatron.checkpoint.deepspeed_files import tag_directory
 from megatron.checkpoint.growth_record import FORMAT, old_token_count, read_growth_record
-from megatron.checkpoint.portable import is_portable
 from megatron.checkpoint.work_split import is_rank_0
 from megatron.config import ConfigError
-from megatron.growth.plan import PATTENTION_SLOT_KEYS, SLOT_KEYS
+from megatron.formats.deepspeed.files import tag_directory
+from megatron.formats.deepspeed.portable import is_portable
 from megatron.model.frozen_tokens import freeze_leading_tokens
-from megatron.model.pattention_layer import Pattention
+from megatron.model.pattention import Pattention
+from megatron.model.spec import pattention_of_module, slot_keys
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bfloat16": torch.bfloat16, "fp16": torch.float16}
 
@@ -61,17 +61,17 @@ def _partial_init_record(source: str | None) -> dict | None:
     if tag_dir is None or not (tag_dir / "config.json").is_file():
         return None
     saved = json.loads((tag_dir / "config.json").read_text(encoding="utf-8"))
-    return {"format": FORMAT, "grown_from": {key: saved[key] for key in SLOT_KEYS}}
+    return {"format": FORMAT, "grown_from": {key: saved[key] for key in slot_keys()}}
 
 
 def _frozen_counts(cfg, record: dict, where: str) -> dict[str, int]:
-    frozen = {key: old_token_count(record, key) for key in SLOT_KEYS}
-    larger = [f"{key} {frozen[key]} > {getattr(cfg, key)}" for key in SLOT_KEYS if frozen[key] > getattr(cfg, key)]
+    frozen = {key: old_token_count(record, key) for key in slot_keys()}
+    larger = [f"{key} {frozen[key]} > {getattr(cfg, key)}" for key in slot_keys() if frozen[key] > getattr(cfg, key)]
     if larger:
         raise ConfigError(f"freeze_old_param_tokens: the growth record of {where} counts more tokens before "
                           f"growth than this model has ({', '.join(larger)}); set the slot counts of the grown "
                           "checkpoint's config.json")
-    if all(frozen[key] == getattr(cfg, key) for key in SLOT_KEYS):
+    if all(frozen[key] == getattr(cfg, key) for key in slot_keys()):
         raise ConfigError(f"freeze_old_param_tokens: nothing would train: {where} was grown from "
                           f"{frozen}, which is every token this model has; grow the checkpoint first "
                           "(tools/grow_checkpoint.py) or set freeze_old_param_tokens: false")
@@ -116,10 +116,10 @@ def restart_fp32_masters(engine) -> None:
 
 
 def _slot_key(module_name: str) -> str:
-    for suffix, key in PATTENTION_SLOT_KEYS.items():
-        if module_name == suffix or module_name.endswith("." + suffix):
-            return key
-    raise ValueError(f"Pattention {module_name!r} has no slot key in growth/plan.py PATTENTION_SLOT_KEYS")
+    spec = pattention_of_module(module_name)
+    if spec is None:
+        raise ValueError(f"Pattention {module_name!r} is not declared in megatron/model/spec.py")
+    return spec.slot_key
 
 
 def freeze_old_param_tokens(model: nn.Module, frozen: dict[str, int], precision: str) -> None:

@@ -5,7 +5,7 @@ each entry of its own model part with the plan and functions tools/grow_checkpoi
 growth_mode), and keeps this tensor rank's block: into the module go the weights and buffers (the
 Pattentions' stored token counts), into the optimizer the fp32 masters and, unless the optimizer starts afresh
 (pretrain_partial_init_reset_optimizer, or growth_mode official), Adam's moments and step
-(checkpoint/engine_state.py). As in the official TokenFormer code this starts a new stage: iteration, consumed
+(formats/deepspeed/engine_state.py). As in the official TokenFormer code this starts a new stage: iteration, consumed
 samples, and so the LR schedule and data position, start at 0; the source's iteration is not carried over.
 """
 
@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 
 from megatron import mpu
-from megatron.checkpoint.engine_state import load_parameter_states
-from megatron.checkpoint.names import module_model_names, tokenformer_name
 from megatron.checkpoint.parameter_state import ParameterState
-from megatron.checkpoint.reader import SourceCheckpoint
-from megatron.checkpoint.tensor_parallel_layout import split_dimensions
+from megatron.formats.deepspeed.engine_state import load_parameter_states
+from megatron.formats.deepspeed.names import module_model_names, tokenformer_name
+from megatron.formats.deepspeed.reader import SourceCheckpoint
+from megatron.formats.tensor_parallel import split_dimensions
 from megatron.growth.grow import check_entries, grown_state
 from megatron.growth.plan import plan_growth
 

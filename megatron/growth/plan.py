@@ -13,7 +13,6 @@ Two modes make the new tokens (grow.py, docs/growth.md): `preserve` keeps the fu
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,24 +22,14 @@ from megatron.config import Config, ConfigError
 from megatron.config.validate import raise_if_any
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.args import ARCHITECTURE_KEYS
-from megatron.model.init_methods import InitRole, parameter_roles
+from megatron.model.init_methods import parameter_roles
+from megatron.model.init_roles import InitRole
+from megatron.model.spec import pattention_entry as spec_entry
+from megatron.model.spec import slot_keys
 from megatron.mpu import full_shape
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 
-SLOT_KEYS = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num")
 GROWTH_MODES = ("preserve", "official")
-
-# The config key setting the token count of each Pattention, by its module name inside a layer
-# (attention.py, layer.py).
-PATTENTION_SLOT_KEYS = {
-    "attention.query": "qkv_slot_num",
-    "attention.key": "qkv_slot_num",
-    "attention.value": "qkv_slot_num",
-    "attention.proj": "proj_slot_num",
-    "mlp": "ffn_slot_num",
-}
-_PATTENTION_ENTRY = re.compile(r"^layers\.\d+\.(?P<module>.+)\.(?P<leaf>key_param_tokens|value_param_tokens|"
-                               r"norm_token_count)$")
 
 SOFTMAX_GROWTH = (
     "norm_activation_type softmax cannot grow: a new parameter token with a zero key scores 0 for every "
@@ -63,11 +52,9 @@ def padded_vocabulary(config: Config) -> int:
 
 def pattention_entry(name: str) -> tuple[str, str] | None:
     """(slot key, leaf) of a Pattention's state-dict entry, e.g. ("ffn_slot_num", "key_param_tokens") for
-    layers.3.mlp.key_param_tokens; None for every other entry."""
-    match = _PATTENTION_ENTRY.match(name)
-    if match is None or match["module"] not in PATTENTION_SLOT_KEYS:
-        return None
-    return PATTENTION_SLOT_KEYS[match["module"]], match["leaf"]
+    layers.3.mlp.key_param_tokens (the Pattentions: model/spec.py); None for every other entry."""
+    entry = spec_entry(name)
+    return None if entry is None else (entry[0].slot_key, entry[1])
 
 
 @dataclass(frozen=True)
@@ -96,11 +83,11 @@ class GrowthPlan:
 
     @property
     def grows(self) -> bool:
-        return any(self.new_tokens[key] > self.old_tokens[key] for key in SLOT_KEYS)
+        return any(self.new_tokens[key] > self.old_tokens[key] for key in slot_keys())
 
     @property
     def shrinks(self) -> bool:
-        return any(self.new_tokens[key] < self.old_tokens[key] for key in SLOT_KEYS)
+        return any(self.new_tokens[key] < self.old_tokens[key] for key in slot_keys())
 
     def source_shape(self, name: str) -> tuple[int, ...]:
         """The shape the source checkpoint's config gives entry `name`."""
@@ -116,21 +103,21 @@ class GrowthPlan:
         before); None when neither grew. `frozen` describes the source run's optimizer state, not the output's:
         dropped."""
         earlier = (source_record or {}).get("grown_from", {})
-        grew = [key for key in SLOT_KEYS if self.new_tokens[key] > self.old_tokens[key]]
+        grew = [key for key in slot_keys() if self.new_tokens[key] > self.old_tokens[key]]
         if not grew and not earlier:
             return None
         grown_from = {key: self.old_tokens[key] if key in grew else
-                      min(earlier.get(key, self.old_tokens[key]), self.new_tokens[key]) for key in SLOT_KEYS}
+                      min(earlier.get(key, self.old_tokens[key]), self.new_tokens[key]) for key in slot_keys()}
         kept = {key: value for key, value in (source_record or {}).items() if key != "frozen"}
         return {**kept, "format": RECORD_FORMAT, "grown_from": grown_from}
 
     def summary(self) -> list[str]:
         """One line per slot key, e.g. 'ffn_slot_num 256 -> 512'."""
-        return [f"{key} {self.old_tokens[key]} -> {self.new_tokens[key]}" for key in SLOT_KEYS]
+        return [f"{key} {self.old_tokens[key]} -> {self.new_tokens[key]}" for key in slot_keys()]
 
 
 def _fixed_keys(source: Config) -> list[str]:
-    keys = [key for key in ARCHITECTURE_KEYS if key not in SLOT_KEYS]
+    keys = [key for key in ARCHITECTURE_KEYS if key not in slot_keys()]
     return keys + (["max_position_embeddings"] if source.pos_emb == "learned" else [])
 
 
@@ -146,15 +133,15 @@ def _differences(source: Config, target: Config, source_vocab: int, target_vocab
     if not different:
         return []
     return ["the target config differs from the source checkpoint's in what growth cannot change: "
-            + "; ".join(different) + ". Only qkv_slot_num, proj_slot_num, ffn_slot_num and the parallel layout "
-            "may change: set the other keys as in the source's config.json"]
+            + "; ".join(different) + f". Only {', '.join(slot_keys())} and the parallel layout may change: set the "
+            "other keys as in the source's config.json"]
 
 
 def _token_count_problems(old: Mapping[str, int], new: Mapping[str, int], target: Config, allow_shrink: bool,
                           mode: str) -> list[str]:
     problems = []
     tp = target.model_parallel_size
-    for key in SLOT_KEYS:
+    for key in slot_keys():
         if new[key] < old[key] and not allow_shrink:
             problems.append(f"{key} {old[key]} -> {new[key]} shrinks the model; pass --allow-shrink to drop the "
                             f"last {old[key] - new[key]} tokens of each such Pattention (lossy: the model changes)")
@@ -163,7 +150,7 @@ def _token_count_problems(old: Mapping[str, int], new: Mapping[str, int], target
             choices = f"{lower} or {higher}" if lower else f"{higher}"
             problems.append(f"{key} {new[key]} is not divisible by the target's model_parallel_size {tp}, which "
                             f"splits each Pattention's tokens evenly: use a multiple of {tp}, e.g. {choices}")
-    grows = any(new[key] > old[key] for key in SLOT_KEYS)
+    grows = any(new[key] > old[key] for key in slot_keys())
     if mode == "preserve" and target.norm_activation_type == "softmax" and grows:
         problems.append(SOFTMAX_GROWTH)
     return problems
@@ -187,11 +174,11 @@ def plan_growth(source: Config, target: Config, slot_overrides: Mapping[str, int
     Raises one ConfigError naming every problem.
     """
     overrides = {key: value for key, value in (slot_overrides or {}).items() if value is not None}
-    unknown = sorted(set(overrides) - set(SLOT_KEYS))
+    unknown = sorted(set(overrides) - set(slot_keys()))
     if unknown:
-        raise ConfigError(f"slot overrides {unknown} are not slot counts; use {', '.join(SLOT_KEYS)}")
-    old = {key: getattr(source, key) for key in SLOT_KEYS}
-    new = {key: overrides.get(key, getattr(target, key)) for key in SLOT_KEYS}
+        raise ConfigError(f"slot overrides {unknown} are not slot counts; use {', '.join(slot_keys())}")
+    old = {key: getattr(source, key) for key in slot_keys()}
+    new = {key: overrides.get(key, getattr(target, key)) for key in slot_keys()}
     source_vocab, target_vocab = padded_vocabulary(source), padded_vocabulary(target)
     mode = target.growth_mode if mode is None else mode
     raise_if_any(_mode_problems(mode, zero_new_values) + _differences(source, target, source_vocab, target_vocab)

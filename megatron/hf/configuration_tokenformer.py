@@ -12,7 +12,11 @@ count, as in an un-grown model.
 
 from transformers import PretrainedConfig
 
-PATTENTIONS = ("query", "key", "value", "proj", "mlp")
+# A layer's Pattentions (their names in norm_token_counts) -> the key of their slot count, as config.json's
+# `pattention_slot_keys` gives them (the exporter writes megatron/model/spec.py's); this default, for a config
+# built without one, is the release's layer, which modeling_tokenformer.py builds.
+RELEASE_PATTENTIONS = {"query": "qkv_slot_num", "key": "qkv_slot_num", "value": "qkv_slot_num",
+                       "proj": "proj_slot_num", "mlp": "ffn_slot_num"}
 NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
 POSITION_EMBEDDINGS = ("rotary", "learned", "none")
 LAYER_NORMS = ("layernorm_nonparam", "layernorm")
@@ -30,6 +34,7 @@ class TokenFormerConfig(PretrainedConfig):
     proj_slot_num: int = 768
     ffn_slot_num: int = 3072
     norm_token_counts: list | None = None
+    pattention_slot_keys: dict | None = None
     max_position_embeddings: int = 2048
     pos_emb: str = "rotary"
     rotary_pct: float = 0.25
@@ -62,10 +67,13 @@ class TokenFormerConfig(PretrainedConfig):
         if self.pos_emb == "rotary" and (self.rotary_dims == 0 or self.rotary_dims % 2):
             raise ValueError(f"config.json: rotary_pct={self.rotary_pct} gives {self.rotary_dims} rotary dims of a "
                              f"{self.head_dim}-dim head; it must be even and positive")
+        if self.pattention_slot_keys is None:
+            self.pattention_slot_keys = dict(RELEASE_PATTENTIONS)
+        names = list(self.pattention_slot_keys)
         counts = self.norm_token_counts
         if counts is not None and (len(counts) != self.num_hidden_layers
-                                   or any(sorted(layer) != sorted(PATTENTIONS) for layer in counts)):
-            raise ValueError(f"config.json: norm_token_counts must hold one {{{', '.join(PATTENTIONS)}}} mapping per "
+                                   or any(sorted(layer) != sorted(names) for layer in counts)):
+            raise ValueError(f"config.json: norm_token_counts must hold one {{{', '.join(names)}}} mapping per "
                              f"layer ({self.num_hidden_layers}), or be null")
 
     @property
@@ -78,8 +86,7 @@ class TokenFormerConfig(PretrainedConfig):
         return int(self.head_dim * self.rotary_pct) if self.pos_emb == "rotary" else 0
 
     def slot_num(self, pattention: str) -> int:
-        return self.ffn_slot_num if pattention == "mlp" else self.proj_slot_num if pattention == "proj" \
-            else self.qkv_slot_num
+        return getattr(self, self.pattention_slot_keys[pattention])
 
     def norm_token_count(self, layer: int, pattention: str) -> int:
         """The n Pattention `pattention` of layer `layer` normalises with."""

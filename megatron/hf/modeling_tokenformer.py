@@ -161,7 +161,7 @@ class TokenFormerLayer(GradientCheckpointingLayer):
         self.input_layernorm = layer_norm(config.norm, config)
         self.attention = TokenFormerAttention(config, layer_idx)
         self.post_attention_layernorm = layer_norm(config.norm, config)
-        self.mlp = TokenFormerPattention(config, config.ffn_slot_num, config.norm_token_count(layer_idx, "mlp"))
+        self.mlp = TokenFormerPattention(config, config.slot_num("mlp"), config.norm_token_count(layer_idx, "mlp"))
         self.hidden_dropout = config.hidden_dropout
 
     def forward(self, x: Tensor, position_ids: Tensor, attention_mask: Tensor | None = None,

@@ -1,5 +1,5 @@
-"""Inference: load any checkpoint as one model, generate text, score lm-eval tasks (checkpoint files
-themselves: megatron/checkpoint).
+"""Inference: load a model saved in any format as one model, generate text, score lm-eval tasks (the formats
+themselves: megatron/formats).
 
     from megatron.inference import SamplingParams, generate, load_model
     model = load_model("demo_run/checkpoints")
@@ -9,7 +9,7 @@ The lm-eval adapter (megatron.inference.lm_eval_adapter) needs the eval extra. d
 """
 
 from megatron.inference.generation import Generation, generate
-from megatron.inference.loading import build_model, load_model, load_state
+from megatron.inference.loading import build_model, load_model
 from megatron.inference.sampling import SamplingParams
 
-__all__ = ["Generation", "SamplingParams", "build_model", "generate", "load_model", "load_state"]
+__all__ = ["Generation", "SamplingParams", "build_model", "generate", "load_model"]

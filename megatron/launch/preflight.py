@@ -6,7 +6,7 @@ traceback per rank.
 - every dataset: headers, sizes, documents, token ids within the vocabulary (megatron/data/dataset_check.py),
   and that `split` gives the train part of data_path a share and at least one global batch of text;
 - the checkpoint a training run resumes from: files present, its layout and every tensor against the model
-  (megatron/checkpoint/compatibility.py);
+  (megatron/formats/deepspeed/compatibility.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
   machine, can be written (or created);
 - on a launch from this machine, master_port is free.
@@ -17,17 +17,17 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from megatron.checkpoint.compatibility import holds_weights_only, layout_problems, tensor_problems
 from megatron.checkpoint.safety import CheckpointRefused
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
 from megatron.checkpoint.selection import newest_usable_tag
-from megatron.checkpoint.weight_files import weights_location_problem
 from megatron.config import Config
 from megatron.config.eval_tasks import eval_task_problems
 from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
+from megatron.formats.consolidated import weights_location_problem
+from megatron.formats.deepspeed.compatibility import holds_weights_only, layout_problems, tensor_problems
 from megatron.launch.hosts import is_local_host
 from megatron.launch.ports import is_free, master_port
 from megatron.launch.resources import Slots, world_size

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from megatron.model.args import TokenFormerArgs
+from megatron.model.declared_pattentions import add_declared_pattentions
 from megatron.model.kv_cache import LayerKVCache, causal_mask
-from megatron.model.parallel_pattention import ParallelPattention
 from megatron.model.rotary import apply_rotary, rotary_cos_sin
 from megatron.mpu import (
     all_gather_to_region,
@@ -38,16 +38,7 @@ class SelfAttention(nn.Module):
 
     def __init__(self, args: TokenFormerArgs, device: str | torch.device | None = None) -> None:
         super().__init__()
-        d = args.hidden_size
-
-        def make_pattention(num_tokens: int) -> ParallelPattention:
-            return ParallelPattention(d, d, num_tokens, args.norm_activation_type, args.pattention_tau, device=device,
-                                      impl=args.pattention_impl, flash_backend=args.flash_backend)
-
-        self.query = make_pattention(args.qkv_slot_num)
-        self.key = make_pattention(args.qkv_slot_num)
-        self.value = make_pattention(args.qkv_slot_num)
-        self.proj = make_pattention(args.proj_slot_num)
+        add_declared_pattentions(self, "attention", args, device)  # query, key, value, proj (spec.py)
         self.num_local_heads = split_size(args.num_attention_heads, "num_attention_heads")
         self.rotary_dims = args.rotary_dims
         self.rotary_base = args.rotary_emb_base

@@ -2,7 +2,7 @@
 
 Forward, per token (a multiply-add counts as 2 FLOPs; element-wise ops, norms and Θ are ignored):
     Pattention d_in -> d_out with n tokens:  2·d_in·n (X·K_Pᵀ) + 2·n·d_out (Θ(·)·V_P)
-    per layer:  Q, K, V (qkv_slot_num) + proj (proj_slot_num) + FFN (ffn_slot_num) Pattentions, all d -> d,
+    per layer:  its Pattentions (spec.py: Q, K, V, proj, FFN), all d -> d,
                 + attention 2·2·s·d (scores Q·Kᵀ and context A·V; causal counted in full, as Megatron does)
     logits:     2·d·V
 Training = 3 × forward (backward ≈ 2 × forward). Activation checkpointing recomputes the layers' forward
@@ -10,6 +10,7 @@ once more during backward (the logits are not recomputed), added when `include_r
 """
 
 from megatron.model.args import TokenFormerArgs
+from megatron.model.spec import layer_pattentions
 
 
 def _pattention_flops(input_dim: int, output_dim: int, num_tokens: int) -> int:
@@ -19,8 +20,7 @@ def _pattention_flops(input_dim: int, output_dim: int, num_tokens: int) -> int:
 def layer_pattention_flops_per_token(args: TokenFormerArgs) -> int:
     """Forward FLOPs of one block's Pattention layers per token: the part parameter tokens scale."""
     d = args.hidden_size
-    return (3 * _pattention_flops(d, d, args.qkv_slot_num) + _pattention_flops(d, d, args.proj_slot_num)
-            + _pattention_flops(d, d, args.ffn_slot_num))
+    return sum(_pattention_flops(d, d, getattr(args, spec.slot_key)) for spec in layer_pattentions())
 
 
 def layer_forward_flops_per_token(args: TokenFormerArgs) -> int:

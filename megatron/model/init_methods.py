@@ -4,8 +4,9 @@ Each parameter is drawn on CPU in fp32 from its own `torch.Generator`, seeded fr
 fully-qualified name). The same seed therefore gives the same full tensors whatever the number of
 processes, the device, or the order modules are built in; tensor/pipeline parallelism slices these.
 
-Modules declare *what* each parameter is with `init_roles() -> {local_name: InitRole}`; the GPT-NeoX
-init methods chosen in the config (`init_method`, `output_layer_init_method`) say *how* to draw it:
+What each parameter is (its InitRole) comes from the Pattention spec (spec.py) for parameter tokens and
+from the other modules' `init_roles() -> {local_name: InitRole}`; the GPT-NeoX init methods chosen in the
+config (`init_method`, `output_layer_init_method`) say *how* to draw it:
     normal: N(0, std)                      scaled_normal: N(0, std / √(2·num_layers))
     wang_init: N(0, 2 / num_layers / √d)   small_init: N(0, √(2 / (5·d)))
     xavier_normal / xavier_uniform: torch.nn.init's, fans from the full tensor
@@ -14,24 +15,16 @@ init methods chosen in the config (`init_method`, `output_layer_init_method`) sa
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from enum import Enum
 
 import torch
 from torch import Tensor, nn
 
 from megatron.model.args import TokenFormerArgs
+from megatron.model.init_roles import InitRole
+from megatron.model.spec import pattention_entry
 from megatron.mpu import full_shape, local_block
 
 InitFunction = Callable[[Tensor, torch.Generator], None]
-
-
-class InitRole(Enum):
-    """How a parameter is initialised: by one of the config's init methods, or to a constant."""
-
-    INPUT = "init_method"
-    OUTPUT = "output_layer_init_method"
-    ONES = "ones"
-    ZEROS = "zeros"
 
 
 def _normal(std: float) -> InitFunction:
@@ -86,12 +79,16 @@ def initial_value(name: str, shape: Sequence[int], role: InitRole, seed: int, ar
 
 
 def parameter_roles(model: nn.Module) -> dict[str, InitRole]:
-    """Fully-qualified parameter name -> role, gathered from every submodule's `init_roles()`."""
+    """Fully-qualified parameter name of a TokenFormerModel -> role: a Pattention's from the spec, every other
+    parameter's from its module's `init_roles()`."""
     roles = {}
     for module_name, module in model.named_modules():
         if hasattr(module, "init_roles"):
             prefix = f"{module_name}." if module_name else ""
             roles.update({prefix + local: role for local, role in module.init_roles().items()})
+    for name, _ in model.named_parameters():
+        if (entry := pattention_entry(name)) is not None:
+            roles[name] = entry[0].init_role(entry[1])
     return roles
 
 

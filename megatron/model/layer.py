@@ -13,9 +13,9 @@ from torch import Tensor, nn
 
 from megatron.model.args import TokenFormerArgs
 from megatron.model.attention import SelfAttention
+from megatron.model.declared_pattentions import add_declared_pattentions, check_declared_pattentions
 from megatron.model.kv_cache import LayerKVCache
 from megatron.model.norms import make_layer_norm
-from megatron.model.parallel_pattention import ParallelPattention
 
 
 class TokenFormerLayer(nn.Module):
@@ -28,8 +28,8 @@ class TokenFormerLayer(nn.Module):
         self.input_layernorm = make_layer_norm(args.norm, d, args.layernorm_epsilon, device)
         self.attention = SelfAttention(args, device)
         self.post_attention_layernorm = make_layer_norm(args.norm, d, args.layernorm_epsilon, device)
-        self.mlp = ParallelPattention(d, d, args.ffn_slot_num, args.norm_activation_type, args.pattention_tau,
-                                      device=device, impl=args.pattention_impl, flash_backend=args.flash_backend)
+        add_declared_pattentions(self, "", args, device)  # mlp (spec.py)
+        check_declared_pattentions(self)
         self.hidden_dropout = args.hidden_dropout
 
     def forward(self, x: Tensor, cache: LayerKVCache | None = None) -> Tensor:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from megatron.model.init_methods import InitRole
+from megatron.model.init_roles import InitRole
 
 
 class NonParametricLayerNorm(nn.Module):

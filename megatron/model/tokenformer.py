@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from megatron.model.args import TokenFormerArgs
 from megatron.model.embedding import embed, input_embeddings
-from megatron.model.init_methods import InitRole, initialize_parameters
+from megatron.model.init_methods import initialize_parameters
+from megatron.model.init_roles import InitRole
 from megatron.model.kv_cache import KVCache
 from megatron.model.layer import TokenFormerLayer
 from megatron.model.norms import make_layer_norm

@@ -17,9 +17,10 @@ import json
 from dataclasses import dataclass
 
 from megatron.config import Config, ConfigError, load_config
-from megatron.growth.plan import SLOT_KEYS, GrowthPlan, plan_growth
+from megatron.growth.plan import GrowthPlan, plan_growth
 from megatron.launch.resolve import resolve_run
 from megatron.launch.resources import Slots
+from megatron.model.spec import slot_keys
 from megatron.progressive.plan import Plan, Stage
 
 
@@ -37,7 +38,7 @@ class ResolvedStage:
 
     @property
     def slots(self) -> str:
-        return "/".join(str(getattr(self.config, key)) for key in SLOT_KEYS)
+        return "/".join(str(getattr(self.config, key)) for key in slot_keys())
 
 
 def allocation(cfg: Config) -> tuple[int, int]:
@@ -78,7 +79,7 @@ def _schedule_problem(plan: Plan, stage: Stage, cfg: Config) -> str | None:
 
 def _shrink_problem(plan: Plan, stage: Stage, source: Config, target: Config) -> str | None:
     previous = plan.previous(stage)
-    for key in SLOT_KEYS:
+    for key in slot_keys():
         old, new = getattr(source, key), getattr(target, key)
         if new < old:
             return (f"{stage.where()}: key {key!r} is {new}, fewer parameter tokens than stage {previous.name!r}'s "

@@ -12,14 +12,15 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
-from megatron.checkpoint.compatibility import holds_weights_only, tensor_problems
-from megatron.checkpoint.reader import open_checkpoint, read_checkpoint
-from megatron.checkpoint.save_load import load_checkpoint, save_checkpoint, should_save
+from megatron.checkpoint.save import save_checkpoint, should_save
 from megatron.checkpoint.save_lock import hold_save_directory_for_the_run
 from megatron.checkpoint.selection import resume_tag
-from megatron.checkpoint.weight_files import CONFIG_NAME, read_config
 from megatron.config import ConfigError, check_run_inputs
 from megatron.config.validate import raise_if_any
+from megatron.formats.consolidated import CONFIG_NAME, read_config
+from megatron.formats.deepspeed.compatibility import holds_weights_only, tensor_problems
+from megatron.formats.deepspeed.reader import open_checkpoint, read_checkpoint
+from megatron.formats.deepspeed.resume import load_checkpoint
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
 from megatron.growth.partial_init import grow_into
 from megatron.launch.process_group import initialize_distributed

@@ -38,9 +38,9 @@ from megatron.checkpoint.background_writer import BackgroundWriter
 from megatron.checkpoint.commit import commit, staging_directory
 from megatron.checkpoint.growth_record import write_growth_record
 from megatron.checkpoint.parameter_state import ParameterState, as_fp32
-from megatron.checkpoint.portable import moments_directory, moments_file, save_moments, write_marker
-from megatron.checkpoint.tensor_parallel_layout import split_dimensions, split_state
 from megatron.config import Config
+from megatron.formats.deepspeed.portable import moments_directory, moments_file, save_moments, write_marker
+from megatron.formats.tensor_parallel import split_dimensions, split_state
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.pipeline import layer_specs, pipeline_place
 from megatron.mpu import full_shape

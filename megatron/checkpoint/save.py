@@ -1,4 +1,4 @@
-"""Save and resume training state in DeepSpeed's checkpoint layout.
+"""Save training state in DeepSpeed's checkpoint layout (resumed by megatron/formats/deepspeed/resume.py).
 
 A checkpoint is `SAVE/global_stepN/` written by `engine.save_checkpoint` in
 DeepSpeed's layout (weights in `mp_rank_XX_model_states.pt`, one per
@@ -27,22 +27,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron import mpu
 from megatron.checkpoint.commit import (
     commit,
     remove_interrupted_saves,
     reporting_write_failures,
     staging_directory,
 )
-from megatron.checkpoint.compatibility import layout_problems, tensor_problems
-from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, check_supported, optimizer_parameter_names
+from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, optimizer_parameter_names
 from megatron.checkpoint.growth_record import write_growth_record
-from megatron.checkpoint.portable import is_portable
-from megatron.checkpoint.portable_restore import restore_portable_state
 from megatron.checkpoint.pruning import delete_old_checkpoints
-from megatron.checkpoint.rng_state import capture_rng_state, restore_rng_state
-from megatron.checkpoint.safety import load_weights_only
-from megatron.config.validate import raise_if_any
+from megatron.checkpoint.rng_state import capture_rng_state
 
 
 def checkpoint_tag(iteration: int) -> str:
@@ -77,36 +71,3 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_r
         delete_old_checkpoints(save_dir, cfg.keep_last_n_checkpoints, newest=iteration)
     dist.barrier()
     return directory
-
-
-def load_checkpoint(engine, cfg, tag: str, load_optimizer: bool = True) -> tuple[int, int]:
-    """Restore checkpoint `tag` of `cfg.load` (selection.resume_tag's verified choice); returns
-    (iteration, consumed samples). One the grow tool wrote holds its optimizer state apart from DeepSpeed's
-    files (portable.py): restored after them."""
-    tag_dir = Path(cfg.load) / tag
-    portable = is_portable(tag_dir)
-    # The layout first: the tensors are compared as this run splits them.
-    zero_state = load_optimizer and not portable and dist.is_initialized()
-    raise_if_any(layout_problems(tag_dir, cfg, mpu.get_data_parallel_world_size() if zero_state else None)
-                 or tensor_problems(tag_dir, cfg, cfg.padded_vocab_size))
-    if portable and load_optimizer:
-        check_supported(engine.optimizer)
-    # no_grad: a pipeline re-broadcasts its tied weight in place while loading (see model/pipeline.py).
-    with torch.no_grad():
-        path, client_state = engine.load_checkpoint(
-            cfg.load,
-            tag=tag,
-            load_optimizer_states=load_optimizer and not portable,
-            load_lr_scheduler_states=False,
-            load_module_strict=True,
-        )
-    if path is None:
-        raise FileNotFoundError(
-            f"load: {cfg.load}/latest names {tag!r} but DeepSpeed could not read that checkpoint"
-        )
-    if portable and load_optimizer:
-        restore_portable_state(engine, cfg, Path(cfg.load) / tag)
-    rng_file = Path(cfg.load) / tag / f"rng_state_{dist.get_rank()}.pt"
-    if rng_file.is_file():
-        restore_rng_state(load_weights_only(rng_file))
-    return client_state["iteration"], client_state["consumed_train_samples"]

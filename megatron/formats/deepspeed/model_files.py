@@ -15,13 +15,13 @@ from pathlib import Path
 
 from torch import Tensor
 
-from megatron.checkpoint.deepspeed_files import (
+from megatron.checkpoint.safety import load_checkpoint_file
+from megatron.formats.deepspeed.files import (
     LAYER_FILE,
     MODEL_FILE,
     check_ranks,
     files_by_rank,
 )
-from megatron.checkpoint.safety import load_checkpoint_file
 from megatron.model.pipeline import model_parameter_name
 
 

@@ -14,8 +14,9 @@ tools/convert_from_hf.py). Needs no `transformers`: the directory is files writt
 Names: every entry of this framework's state dict gains the prefix `model.`, except `final_linear.weight`
 (untied output), which is `lm_head.weight`; a tied output has no entry of its own (transformers ties
 `lm_head.weight` to `model.word_embeddings.weight`). The `norm_token_count` buffers are not weights there: they
-are config.json's `norm_token_counts`, one {query, key, value, proj, mlp} mapping per layer, so a grown model
-keeps its √n. Converting back adds them again, so framework -> HF -> framework gives back every tensor.
+are config.json's `norm_token_counts`, one {query, key, value, proj, mlp} mapping per layer (the spec's `hf_name`s,
+megatron/model/spec.py, whose slot keys config.json's `pattention_slot_keys` gives), so a grown model keeps its
+√n. Converting back adds them again, so framework -> HF -> framework gives back every tensor.
 """
 
 from __future__ import annotations
@@ -32,18 +33,22 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from megatron.checkpoint.output_directory import require_new_or_empty
-from megatron.checkpoint.weight_files import CONFIG_NAME, read_weights, weights_in_directory, write_safetensors_shards
 from megatron.config import Config
+from megatron.formats.consolidated import (
+    CONFIG_NAME,
+    read_config,
+    read_weights,
+    weights_in_directory,
+    write_safetensors_shards,
+)
 from megatron.model import TokenFormerArgs
+from megatron.model.spec import layer_pattentions, slot_keys
 from megatron.tokenizer import build_tokenizer
 from megatron.tokenizer.fast_conversion import fast_tokenizer, verified
 
-HERE = Path(__file__).resolve().parent
+REMOTE_CODE = Path(__file__).resolve().parents[1] / "hf"  # the transformers code written beside the weights
 CODE_FILES = ("configuration_tokenformer.py", "modeling_tokenformer.py")
 MODEL_TYPE = "tokenformer"
-# Each Pattention of a layer: its name in norm_token_counts -> its module path in the layer.
-PATTENTIONS = {"query": "attention.query", "key": "attention.key", "value": "attention.value",
-               "proj": "attention.proj", "mlp": "mlp"}
 COUNT = "norm_token_count"
 # This framework's architecture keys (megatron/model/args.py ARCHITECTURE_KEYS) -> config.json's names.
 HF_NAMES = {"num_layers": "num_hidden_layers", "no_weight_tying": "tie_word_embeddings"}
@@ -70,7 +75,7 @@ def to_hf_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def token_counts(state: dict[str, Tensor], num_layers: int) -> list[dict[str, int]]:
     """config.json's norm_token_counts: each Pattention's n, layer by layer."""
-    return [{short: int(state[f"layers.{i}.{path}.{COUNT}"]) for short, path in PATTENTIONS.items()}
+    return [{spec.hf_name: int(state[f"layers.{i}.{spec.path}.{COUNT}"]) for spec in layer_pattentions()}
             for i in range(num_layers)]
 
 
@@ -90,12 +95,10 @@ def from_hf_state(hf_state: dict[str, Tensor], hf_config: dict, source: Path | s
         raise ValueError(f"{source} holds weights that are not TokenFormerForCausalLM's: {sorted(unknown)[:5]}; "
                          "convert the model directory tools/convert_to_hf.py wrote (or one saved from it)")
     counts = hf_config.get("norm_token_counts")
-    slots = {"query": "qkv_slot_num", "key": "qkv_slot_num", "value": "qkv_slot_num", "proj": "proj_slot_num",
-             "mlp": "ffn_slot_num"}
     for i in range(hf_config["num_hidden_layers"]):
-        for short, path in PATTENTIONS.items():
-            n = counts[i][short] if counts else hf_config[slots[short]]
-            state[f"layers.{i}.{path}.{COUNT}"] = torch.tensor(n, dtype=torch.int64)
+        for spec in layer_pattentions():
+            n = counts[i][spec.hf_name] if counts else hf_config[spec.slot_key]
+            state[f"layers.{i}.{spec.path}.{COUNT}"] = torch.tensor(n, dtype=torch.int64)
     return state
 
 
@@ -160,9 +163,8 @@ def hf_config(args: TokenFormerArgs, counts: list[dict[str, int]], tokenizer: Ru
         "hidden_size": args.hidden_size,
         "num_hidden_layers": args.num_layers,
         "num_attention_heads": args.num_attention_heads,
-        "qkv_slot_num": args.qkv_slot_num,
-        "proj_slot_num": args.proj_slot_num,
-        "ffn_slot_num": args.ffn_slot_num,
+        **{key: getattr(args, key) for key in slot_keys()},
+        "pattention_slot_keys": {spec.hf_name: spec.slot_key for spec in layer_pattentions()},
         "norm_token_counts": counts,
         "max_position_embeddings": args.max_position_embeddings,
         "pos_emb": args.pos_emb,
@@ -217,7 +219,7 @@ def _write_json(path: Path, value: dict) -> None:
 # --- directories --------------------------------------------------------------------------------------------
 
 def write_hf_directory(state: dict[str, Tensor], cfg: Config, out: str | Path, max_shard_bytes: int) -> list[str]:
-    """Write the model (`state`, whole, as load_state returns it; `cfg` its config) into `out`, a new or empty
+    """Write the model (`state`, whole, as read_state returns it; `cfg` its config) into `out`, a new or empty
     directory, under a temporary name renamed to `out` when complete. Returns what was written, one line each."""
     out = require_new_or_empty(out, "OUTPUT_DIR")
     padded = state["word_embeddings.weight"].shape[0]
@@ -232,7 +234,7 @@ def write_hf_directory(state: dict[str, Tensor], cfg: Config, out: str | Path, m
         _write_json(partial / "generation_config.json", generation_config(padded, tokenizer))
         weights = write_safetensors_shards(to_hf_state(state), partial, max_shard_bytes)
         for name in CODE_FILES:
-            shutil.copyfile(HERE / name, partial / name)
+            shutil.copyfile(REMOTE_CODE / name, partial / name)
         if tokenizer is not None and tokenizer.fast is not None:
             _tokenizer_files(tokenizer, partial, args.max_position_embeddings)
         if out.exists():
@@ -266,3 +268,36 @@ def read_hf_directory(directory: str | Path) -> tuple[dict[str, Tensor], dict]:
         raise FileNotFoundError(f"{directory} holds no model.safetensors, pytorch_model.bin or their .index.json")
     state = from_hf_state(read_weights(weights), hf_config, weights)
     return {name: t.float() if t.is_floating_point() else t for name, t in state.items()}, hf_config
+
+
+NAME = "huggingface"
+
+
+def recognises(path: Path) -> bool:
+    """A directory whose config.json has model_type "tokenformer"."""
+    config_path = path / CONFIG_NAME
+    if not (path.is_dir() and config_path.is_file()):
+        return False
+    try:
+        return json.loads(config_path.read_text(encoding="utf-8")).get("model_type") == MODEL_TYPE
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return False
+
+
+def read(path: Path, config: Config | str | Path | None) -> tuple[dict[str, Tensor], Config]:
+    """The canonical state of a model directory, and `config` (a run's: the directory has none), which must
+    describe the directory's architecture."""
+    if config is None:
+        raise ValueError(f"{path} is a Hugging Face model directory, which holds no run config: pass config= (the "
+                         "YAML of the run it came from, or of one to train it on)")
+    state, hf_config = read_hf_directory(path)
+    vocab = state["word_embeddings.weight"].shape[0]
+    architecture = architecture_of(hf_config, path)
+    cfg = read_config(config) if isinstance(config, (str, Path)) else config
+    cfg.padded_vocab_size = vocab
+    different = [f"{key} {getattr(cfg, key)!r} (config.json: {HF_NAMES.get(key, key)}={value!r})"
+                 for key, value in architecture.items() if getattr(cfg, key) != value]
+    if different:
+        raise ValueError(f"the config given does not describe the model in {path}: " + "; ".join(different)
+                         + ". Set those keys to the model's values")
+    return state, cfg

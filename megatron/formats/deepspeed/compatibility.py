@@ -13,10 +13,10 @@ import json
 import re
 from pathlib import Path
 
-from megatron.checkpoint.model_files import ModelFiles
-from megatron.checkpoint.portable import MARKER as PORTABLE_MARKER
 from megatron.checkpoint.safety import load_checkpoint_file
-from megatron.checkpoint.tensor_parallel_layout import split_dimensions
+from megatron.formats.deepspeed.model_files import ModelFiles
+from megatron.formats.deepspeed.portable import MARKER as PORTABLE_MARKER
+from megatron.formats.tensor_parallel import split_dimensions
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.args import ARCHITECTURE_KEYS
 from megatron.mpu import full_shape

@@ -9,9 +9,8 @@ The layers are numbered as in megatron/model/pipeline.py, L = num_layers:
     official key                                            TokenFormerModel name
     sequential.0.word_embeddings.weight                     word_embeddings.weight
     sequential.0.position_embeddings.weight (learned)       position_embeddings.weight
-    sequential.{i+2}.attention.{query,key,value,proj}.{key,value}_param_tokens
-                                                            layers.{i}.attention.<same>
-    sequential.{i+2}.mlp.{key,value}_param_tokens           layers.{i}.mlp.<same>
+    sequential.{i+2}.<official_path>.{key,value}_param_tokens    layers.{i}.<path>.<same>
+        (each Pattention's paths: megatron/model/spec.py; attention.{query,key,value,proj} and mlp in both)
     sequential.{L+3}.norm.weight / .bias (final layernorm)  final_norm.weight / .bias
     sequential.{L+4}.final_linear.weight (untied only)      final_linear.weight
     -                                                       layers.{i}.**.norm_token_count
@@ -26,24 +25,43 @@ import checks it against rotary_emb_base and drops it (the frequencies are recom
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from megatron.config import Config
+from megatron.formats import consolidated
+from megatron.formats.consolidated import weight_names, weights_file
 from megatron.model import TokenFormerArgs
 from megatron.model.pipeline import model_parameter_name
+from megatron.model.spec import layer_pattentions, pattention_at
 
 PREFIX = "sequential."
 _TOKEN_COUNT = "norm_token_count"
 _INVERSE_FREQUENCIES = "attention.rotary_emb.inv_freq"
 
 
+def _release_key_in_layer(key: str) -> str:
+    """A layer's entry `key` (e.g. attention.query.key_param_tokens) under the release's module path."""
+    path, _, leaf = key.rpartition(".")
+    spec = pattention_at(path)
+    return key if spec is None else f"{spec.official_path}.{leaf}"
+
+
+def _model_key_in_layer(key: str) -> str:
+    """_release_key_in_layer inverted."""
+    path, _, leaf = key.rpartition(".")
+    spec = next((spec for spec in layer_pattentions() if spec.official_path == path), None)
+    return key if spec is None else f"{spec.path}.{leaf}"
+
+
 def official_key(name: str, num_layers: int) -> str:
     """The official key of TokenFormerModel's state-dict entry `name` (not a norm_token_count)."""
     if name.startswith("layers."):
         index, _, rest = name.removeprefix("layers.").partition(".")
-        return f"{PREFIX}{int(index) + 2}.{rest}"
+        return f"{PREFIX}{int(index) + 2}.{_release_key_in_layer(rest)}"
     if name.startswith("final_norm."):
         return f"{PREFIX}{num_layers + 3}.norm.{name.removeprefix('final_norm.')}"
     if name.startswith("final_linear."):
@@ -51,8 +69,25 @@ def official_key(name: str, num_layers: int) -> str:
     return f"{PREFIX}0.{name}"
 
 
-def is_official(state: Mapping[str, Tensor]) -> bool:
-    return bool(state) and all(key.startswith(PREFIX) for key in state)
+NAME = "official"
+
+
+def is_official(names: Iterable[str]) -> bool:
+    names = list(names)
+    return bool(names) and all(name.startswith(PREFIX) for name in names)
+
+
+def recognises(path: Path) -> bool:
+    """Weights (a file, or a directory holding one) whose every name is an official key."""
+    weights = weights_file(path)
+    return weights is not None and is_official(weight_names(weights))
+
+
+def read(path: Path, config: Config | str | Path | None) -> tuple[dict[str, Tensor], Config]:
+    """The canonical state of the release's weights, and the config: `config`, or a config.json beside them."""
+    state, cfg = consolidated.read(path, config)
+    vocab = state[official_key("word_embeddings.weight", cfg.num_layers)].shape[0]
+    return from_official(state, TokenFormerArgs.for_inference(cfg, vocab)), cfg
 
 
 def _check_inverse_frequencies(key: str, frequencies: Tensor, args: TokenFormerArgs) -> None:
@@ -74,7 +109,8 @@ def from_official(official: Mapping[str, Tensor], args: TokenFormerArgs) -> dict
         if rest == _INVERSE_FREQUENCIES:
             _check_inverse_frequencies(key, tensor, args)
             continue
-        state[model_parameter_name(int(index), rest, args.num_layers)] = tensor
+        key = _model_key_in_layer(rest) if 2 <= int(index) < args.num_layers + 2 else rest
+        state[model_parameter_name(int(index), key, args.num_layers)] = tensor
     for name in [name for name in state if name.endswith(".key_param_tokens")]:
         count_name = name.removesuffix("key_param_tokens") + _TOKEN_COUNT
         state[count_name] = torch.tensor(state[name].shape[0], dtype=torch.int64)

@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from megatron.checkpoint.deepspeed_files import tag_directory
-from megatron.checkpoint.deepspeed_optimizer import deepspeed_optimizer_state
-from megatron.checkpoint.model_files import ModelFiles
-from megatron.checkpoint.names import tokenformer_name
 from megatron.checkpoint.parameter_state import ParameterState, as_fp32
-from megatron.checkpoint.portable import PortableMoments, is_portable
 from megatron.checkpoint.selection import checkpoint_problems
-from megatron.checkpoint.tensor_parallel_layout import split_dimensions
 from megatron.config import Config
+from megatron.formats.deepspeed.files import tag_directory
+from megatron.formats.deepspeed.model_files import ModelFiles
+from megatron.formats.deepspeed.names import tokenformer_name
+from megatron.formats.deepspeed.optimizer_files import deepspeed_optimizer_state
+from megatron.formats.deepspeed.portable import PortableMoments, is_portable
+from megatron.formats.tensor_parallel import split_dimensions
 from megatron.model import TokenFormerArgs, TokenFormerModel
 
 

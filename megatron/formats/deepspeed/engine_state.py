@@ -22,8 +22,8 @@ from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_st
 from torch import Tensor
 
 from megatron.checkpoint.engine_optimizer import base_optimizer, is_partitioned, master_pairs, step_tensor
-from megatron.checkpoint.names import holds_trailing_rows
 from megatron.checkpoint.parameter_state import ParameterState
+from megatron.formats.deepspeed.names import holds_trailing_rows
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

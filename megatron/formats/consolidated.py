@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from megatron.checkpoint.deepspeed_files import tag_directory
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config, load_config
+from megatron.formats.deepspeed.files import tag_directory
+from megatron.model.args import ARCHITECTURE_KEYS
 
 CONFIG_NAME = "config.json"
 TORCH_WEIGHTS = "pytorch_model.bin"
@@ -35,6 +36,27 @@ def _read_one(path: Path) -> dict[str, Tensor]:
         raise ValueError(f"{path} is not a state dict (a mapping of names to tensors); "
                          "pass a consolidated weights file, e.g. one written by tools/export_checkpoint.py")
     return dict(state)
+
+
+def weight_names(path: Path) -> list[str]:
+    """The entry names of a weights file or shard index, without reading tensor data where the format allows
+    (safetensors' header, an index's weight_map, a memory-mapped torch zip file)."""
+    if path.name.endswith(".index.json"):
+        return list(json.loads(path.read_text(encoding="utf-8"))["weight_map"])
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(path, "pt") as weights:
+            return list(weights.keys())
+    try:
+        return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    except RuntimeError:  # not a zip file (torch's legacy format): no memory map
+        return list(_read_one(path))
+
+
+def weights_file(path: Path) -> Path | None:
+    """The weights `path` is, or that the directory `path` holds; None if neither."""
+    return weights_in_directory(path) if path.is_dir() else path if path.is_file() else None
 
 
 def read_weights(path: str | Path) -> dict[str, Tensor]:
@@ -147,3 +169,34 @@ def write_weights(state: Mapping[str, Tensor], config: Config, directory: str | 
         torch.save(tensors, target)
     (directory / CONFIG_NAME).write_text(config.to_json(), encoding="utf-8")
     return target
+
+
+def choose_config(saved: Path, given: Config | str | Path | None, weights: Path) -> Config:
+    """The config of the weights `weights`: `saved` (their config.json) or `given`; both must then agree on
+    the architecture."""
+    saved_config = read_config(saved) if saved.is_file() else None
+    given_config = read_config(given) if isinstance(given, (str, Path)) else given
+    if given_config is None and saved_config is None:
+        raise FileNotFoundError(f"{weights} has no {CONFIG_NAME} beside it; pass config= (the run's YAML or the "
+                                f"{CONFIG_NAME} of the checkpoint it came from)")
+    if given_config is not None and saved_config is not None:
+        different = [f"{key}: saved {getattr(saved_config, key)!r}, given {getattr(given_config, key)!r}"
+                     for key in ARCHITECTURE_KEYS if getattr(saved_config, key) != getattr(given_config, key)]
+        if different:
+            raise ValueError(f"the config given does not describe the model saved in {weights} ({saved}): "
+                             + "; ".join(different) + ". Fix those keys or leave config unset")
+    return given_config if given_config is not None else saved_config
+
+
+NAME = "consolidated"
+
+
+def recognises(path: Path) -> bool:
+    """A weights file, or a directory holding one (model.safetensors, pytorch_model.bin, or a shard index)."""
+    return weights_file(path) is not None
+
+
+def read(path: Path, config: Config | str | Path | None) -> tuple[dict[str, Tensor], Config]:
+    """The weights as saved, and the config: config.json beside them, or `config`."""
+    weights = weights_file(path)
+    return read_weights(weights), choose_config(weights.parent / CONFIG_NAME, config, weights)

@@ -1,8 +1,9 @@
 """Which state-dict entries tensor parallelism splits, and along which dimension: from that, t per-rank
 state dicts merge into the whole model's and the whole model's splits into t.
 
-The model declares its splits (`mpu.mark_split`: embedding and output rows, every Pattention's parameter
-tokens); building it on the meta device reads them without allocating anything. Rank r holds block r of
+Every Pattention's split dimension (its parameter tokens) is the spec's (megatron/model/spec.py); the other
+modules declare theirs (`mpu.mark_split`: embedding and output rows), read by building the model on the meta
+device, which allocates nothing. Rank r holds block r of
 t equal contiguous blocks; everything else (final norm, position embeddings, the Pattention token counts)
 is the same on every rank.
 """
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.spec import pattention_entry
 from megatron.mpu import is_split
 
 
@@ -22,8 +24,9 @@ def split_dimensions(args: TokenFormerArgs) -> dict[str, int | None]:
     """Every state-dict name of the model -> the dimension it is split along, None if replicated."""
     model = TokenFormerModel(args, device="meta")
     dims: dict[str, int | None] = {name: None for name, _ in model.named_buffers()}
-    dims.update({name: parameter.partition_dim if is_split(parameter) else None
-                 for name, parameter in model.named_parameters()})
+    for name, parameter in model.named_parameters():
+        entry = pattention_entry(name)
+        dims[name] = entry[0].split_dim if entry else parameter.partition_dim if is_split(parameter) else None
     return dims
 
 

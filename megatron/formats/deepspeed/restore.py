@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron import mpu
-from megatron.checkpoint.engine_state import load_parameter_states
-from megatron.checkpoint.names import module_model_names
-from megatron.checkpoint.reader import read_checkpoint
+from megatron.formats.deepspeed.engine_state import load_parameter_states
+from megatron.formats.deepspeed.names import module_model_names
+from megatron.formats.deepspeed.reader import read_checkpoint
 
 
 def restore_portable_state(engine, cfg, tag_dir: Path) -> None:
