@@ -127,8 +127,9 @@ def memory_ratios(x, keys, values, norm_type, grad_out) -> tuple[float, float, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--baseline", type=Path, help="another version's megatron/model/pattention.py: its "
-                        "fused_pattention is timed too, alternating with the others (column base/G)")
+    parser.add_argument("--baseline", type=Path, help="another version's megatron/model/pattention/fused.py "
+                        "(before the subpackage: megatron/model/pattention.py): its fused_pattention is timed too, "
+                        "alternating with the others (column base/G)")
     add_arguments(parser)
     args = parser.parse_args()
     baseline = load_baseline(args.baseline) if args.baseline else None

@@ -1,0 +1,444 @@
+"""The Pattention contract: every implementation (plain, fused, flash with each tile backend; registry.py)
+computes the paper's Θ(τ·X·K_Pᵀ)·V_P, in values and gradients, for every Θ, τ ≠ 1, several Pattentions of
+one input, ragged tiles, fp64/fp32/bf16, token blocks on real gloo ranks (tensor parallelism) and growth; and
+the stand-alone layer works in any PyTorch code: any leading dimensions, `grow` in both modes, torch.optim
+(the README's example: tests/test_readme_example.py). The Triton kernels run under Triton's interpreter on a
+CPU and compute in fp32 whatever the input dtype, hence their fp32-sized tolerance. What one implementation
+alone promises (memory, the Triton tiles one by one, attention's fused node) is in test_pattention_kernels.py.
+"""
+
+import copy
+import math
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from megatron.model.args import FLASH_BACKENDS, NORM_ACTIVATIONS, PATTENTION_IMPLS
+from megatron.model.pattention import (
+    ParallelPattention,
+    Pattention,
+    flash,
+    local_row_max,
+    local_row_sum,
+    normalize_scores,
+    parameter_token_scores,
+    pattention,
+    pattentions_function,
+)
+from megatron.model.pattention.fused import fused_pattention
+from megatron.model.pattention.registry import IMPLEMENTATIONS, TILE_BACKENDS
+from tests.distributed import run_on_ranks
+
+IMPLS = [("plain", "auto"), ("fused", "auto"), ("flash", "pytorch"), ("flash", "triton")]
+IMPL_IDS = ["plain", "fused", "flash-pytorch", "flash-triton"]
+EXACT_IMPLS, EXACT_IDS = IMPLS[:3], IMPL_IDS[:3]  # fp64 throughout (the Triton kernels compute in fp32)
+L2 = ("l2_norm_gelu", "gelu_l2_norm")
+
+
+def tolerance(backend, exact=(1e-10, 1e-12)):
+    rtol, atol = (1e-5, 1e-6) if backend == "triton" else exact
+    return {"rtol": rtol, "atol": atol}
+
+
+def small_tiles(monkeypatch=None, key_tile=8, rows=5):
+    """Tiles of `key_tile` tokens and blocks of `rows` input rows, so that small inputs cross several of each
+    and end in ragged ones (set directly in a forked rank, which the monkeypatch cannot undo anyway)."""
+    tile_elements = {"cpu": key_tile * rows, "default": key_tile * rows}
+    if monkeypatch is None:
+        flash.KEY_TILE, flash.TILE_ELEMENTS = key_tile, tile_elements
+    else:
+        monkeypatch.setattr(flash, "KEY_TILE", key_tile)
+        monkeypatch.setattr(flash, "TILE_ELEMENTS", tile_elements)
+
+
+def inputs(n=29, count=1, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 7, 12, generator=g, dtype=dtype)
+    keys = [torch.randn(n, 12, generator=g, dtype=dtype) * 0.5 for _ in range(count)]
+    values = [torch.randn(n, 6, generator=g, dtype=dtype) * 0.5 for _ in range(count)]
+    return x, keys, values
+
+
+def output_weight(out):
+    """A fixed, non-uniform upstream gradient (a plain sum would hide errors that cancel across a row)."""
+    return torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+
+
+def results(fn, x, keys, values):
+    """(output, dX, dK..., dV...) of fn(x, keys, values) under a non-uniform upstream gradient."""
+    x, *tokens = (t.detach().clone().requires_grad_() for t in (x, *keys, *values))
+    out = fn(x, tokens[:len(keys)], tokens[len(keys):])
+    grads = torch.autograd.grad((out * output_weight(out)).sum(), [x, *tokens])
+    return [out.detach(), *grads]
+
+
+def plain(theta, tau, counts):
+    return lambda x, keys, values: torch.stack([pattention(x, k, v, theta, tau, n)
+                                                for k, v, n in zip(keys, values, counts)])
+
+
+def by_registry(impl, backend, theta, tau, counts):
+    return lambda x, keys, values: pattentions_function(impl, backend)(x, keys, values, theta, tau, counts)
+
+
+def exact_gelu(a):
+    return 0.5 * a * (1.0 + torch.erf(a / math.sqrt(2.0)))
+
+
+def paper_formula(x, keys, values, theta, tau):
+    """Θ(τ·X·Kᵀ)·V written directly from the paper, with n the number of parameter tokens."""
+    scores = tau * x @ keys.T
+    n = keys.shape[0]
+    if theta == "l2_norm_gelu":
+        weights = exact_gelu(scores / scores.norm(dim=-1, keepdim=True) * math.sqrt(n))
+    elif theta == "gelu_l2_norm":
+        activated = exact_gelu(scores)
+        weights = activated / activated.norm(dim=-1, keepdim=True) * math.sqrt(n)
+    else:
+        exponentials = torch.exp(scores)
+        weights = exponentials / exponentials.sum(dim=-1, keepdim=True) * n
+    return weights @ values
+
+
+def random_layer(theta, impl="fused", backend="auto", d_in=8, d_out=6, tokens=10, tau=1.0, dtype=torch.float64,
+                 seed=0):
+    layer = Pattention(d_in, d_out, tokens, theta, tau, impl=impl, flash_backend=backend).to(dtype)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=dtype))
+    return layer
+
+
+# --- Every implementation computes the formula ---------------------------------------------------------
+
+@pytest.mark.parametrize("tau", [1.0, 0.3])
+@pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_the_layer_computes_the_papers_formula(monkeypatch, impl, backend, theta, tau):
+    small_tiles(monkeypatch)
+    layer = random_layer(theta, impl, backend, tau=tau)
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    output = layer(x)
+    x_ref, keys, values = (t.detach().clone().requires_grad_()
+                           for t in (x, layer.key_param_tokens, layer.value_param_tokens))
+    expected = paper_formula(x_ref, keys, values, theta, tau)
+    torch.testing.assert_close(output, expected, **tolerance(backend, (1e-10, 1e-10)))
+    upstream = torch.randn_like(output)
+    grads = torch.autograd.grad(output, (x, layer.key_param_tokens, layer.value_param_tokens), upstream)
+    for grad, expected_grad in zip(grads, torch.autograd.grad(expected, (x_ref, keys, values), upstream)):
+        torch.testing.assert_close(grad, expected_grad, **tolerance(backend, (1e-9, 1e-10)))
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+@pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_several_pattentions_of_one_input_equal_the_plain_formula(monkeypatch, impl, backend, theta, tau):
+    """fp64, 29 tokens in tiles of 8 and 14 rows in blocks of 5: every tile kind, ragged ones included; three
+    Pattentions of one input with different token counts, in one node, each equal to its own plain formula."""
+    small_tiles(monkeypatch)
+    x, keys, values = inputs(count=3)
+    counts = [29, 35, 20]
+    got = results(by_registry(impl, backend, theta, tau, counts), x, keys, values)
+    assert got[0].shape == (3, 2, 7, 6)
+    for g, e in zip(got, results(plain(theta, tau, counts), x, keys, values)):
+        torch.testing.assert_close(g, e, **tolerance(backend))
+
+
+@pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_fp32_and_bf16_are_within_their_tolerance_of_the_formula(monkeypatch, impl, backend, theta):
+    """Against the plain formula in fp64, relative to each tensor's largest entry: fp32 within 1e-5, bf16 within
+    3e-2, and no more than twice the plain formula's own error (+ a tenth of that tolerance). fp32 also within
+    1e-5 of the plain formula in fp32; bf16 within 1e-2 of the exact result in relative norm, or 1.25× the plain
+    formula's own bf16 error where that is larger."""
+    small_tiles(monkeypatch, key_tile=16, rows=8)
+    x, keys, values = inputs(n=70)
+    exact = results(plain(theta, 0.7, [70]), x, keys, values)
+    for dtype, scaled_tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        cast = x.to(dtype), [k.to(dtype) for k in keys], [v.to(dtype) for v in values]
+        got = results(by_registry(impl, backend, theta, 0.7, [70]), *cast)
+        own = results(plain(theta, 0.7, [70]), *cast)
+        for g, p, e in zip(got, own, exact):
+            assert g.dtype == dtype
+            scale = e.abs().max()
+            torch.testing.assert_close(g.double() / scale, e / scale, rtol=0, atol=scaled_tolerance)
+            assert (g.double() - e).abs().max() <= 2 * (p.double() - e).abs().max() + scaled_tolerance / 10 * scale
+            if dtype == torch.float32:
+                assert (g - p).abs().max() / scale <= 1e-5
+            else:
+                error, own_error = ((t.double() - e).norm() / e.norm() for t in (g, p))
+                assert error <= max(1e-2, 1.25 * own_error)
+
+
+@pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_a_bf16_layer_keeps_fp32_statistics_and_is_close_to_fp32(impl, backend, theta):
+    layer = random_layer(theta, impl, backend, d_in=32, d_out=16, tokens=64, dtype=torch.float32)
+    x = torch.randn(4, 7, 32)
+    expected = layer(x)
+    layer_bf16 = random_layer(theta, impl, backend, d_in=32, d_out=16, tokens=64, dtype=torch.bfloat16)
+    output = layer_bf16(x.to(torch.bfloat16))
+    assert output.dtype == torch.bfloat16
+    scores = parameter_token_scores(x.to(torch.bfloat16), layer_bf16.key_param_tokens, 1.0)
+    assert local_row_sum(scores, theta, local_row_max(scores, theta)).dtype == torch.float32
+    assert (output.float() - expected).norm() / expected.norm() < 2e-2
+
+
+@pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
+@pytest.mark.parametrize("impl, backend", EXACT_IMPLS, ids=EXACT_IDS)
+def test_gradcheck(monkeypatch, impl, backend, theta):
+    small_tiles(monkeypatch, key_tile=4, rows=3)
+    g = torch.Generator().manual_seed(0)
+    x, key, value = (t.requires_grad_() for t in (torch.randn(5, 4, generator=g, dtype=torch.float64),
+                                                 torch.randn(9, 4, generator=g, dtype=torch.float64) * 0.5,
+                                                 torch.randn(9, 3, generator=g, dtype=torch.float64) * 0.5))
+    compute = pattentions_function(impl, backend)
+    assert torch.autograd.gradcheck(lambda a, k, v: compute(a, [k], [v], theta, 1.3, [11]), (x, key, value))
+
+
+@pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_a_zero_input_row_gives_no_nan(monkeypatch, impl, backend, theta):
+    small_tiles(monkeypatch)
+    layer = random_layer(theta, impl, backend, dtype=torch.float32)
+    x = torch.randn(3, 8)
+    x[1] = 0.0
+    x.requires_grad_()
+    output = layer(x)
+    output.sum().backward()
+    assert torch.isfinite(output).all() and torch.isfinite(x.grad).all()
+    assert torch.isfinite(layer.key_param_tokens.grad).all() and torch.isfinite(layer.value_param_tokens.grad).all()
+    if theta in L2:  # all scores are 0, so GeLU-based weights are 0
+        assert torch.equal(output[1], torch.zeros_like(output[1]))
+
+
+def test_the_functional_forms_equal_the_module():
+    layer = random_layer("gelu_l2_norm", dtype=torch.float32)
+    x = torch.randn(2, 8)
+    for function in (pattention, fused_pattention):
+        functional = function(x, layer.key_param_tokens, layer.value_param_tokens, "gelu_l2_norm", 1.0, 10)
+        torch.testing.assert_close(functional, layer(x))
+
+
+def test_names_are_checked_with_every_choice_listed():
+    assert tuple(IMPLEMENTATIONS) == PATTENTION_IMPLS and ("auto", *TILE_BACKENDS) == FLASH_BACKENDS
+    with pytest.raises(ValueError, match="norm_activation_type='relu'"):
+        Pattention(4, 4, 4, "relu")
+    with pytest.raises(ValueError, match=re.escape("pattention_impl='fast': must be one of plain, fused, flash")):
+        pattentions_function("fast")
+    with pytest.raises(ValueError, match=re.escape("flash_backend='cuda': must be one of auto, pytorch, triton")):
+        Pattention(4, 4, 4, impl="flash", flash_backend="cuda")
+
+
+# --- Tensor parallelism: token blocks ------------------------------------------------------------------
+
+@pytest.mark.parametrize("blocks", [2, 4])
+@pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
+def test_statistics_combined_over_token_blocks_equal_the_whole(theta, blocks):
+    """What tensor parallelism does: each rank holds a block of tokens; max/sum statistics are reduced."""
+    layer = random_layer(theta, tokens=12, tau=0.7)
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    key_blocks = layer.key_param_tokens.detach().chunk(blocks)
+    value_blocks = layer.value_param_tokens.detach().chunk(blocks)
+    scores = [parameter_token_scores(x, keys, layer.tau) for keys in key_blocks]
+    local_maxes = [local_row_max(s, theta) for s in scores]
+    row_max = None if local_maxes[0] is None else torch.stack(local_maxes).amax(dim=0)
+    row_sum = sum(local_row_sum(s, theta, row_max) for s in scores)
+    output = sum(normalize_scores(s, theta, row_sum, row_max, layer.norm_token_count).to(x.dtype) @ values
+                 for s, values in zip(scores, value_blocks))
+    torch.testing.assert_close(output, layer(x), rtol=1e-6, atol=1e-6)
+
+
+def all_reduce_of(op):
+    """A plain (non-autograd) all-reduce over the world, as a node's `reduce_sum` / `reduce_max`."""
+    def reduce(t):
+        t = t.clone()
+        dist.all_reduce(t, op=op)
+        return t
+    return reduce
+
+
+def _blocks_on_rank(impl, backend, world):
+    """For each Θ: this rank's block of each of three Pattentions' tokens, statistics all-reduced."""
+    small_tiles(key_tile=4, rows=5)
+    rank, shares = dist.get_rank(), []
+    for theta in NORM_ACTIVATIONS:
+        x, keys, values = inputs(n=24, count=3)
+        block = slice(rank * 24 // world, (rank + 1) * 24 // world)
+        x = x.requires_grad_()
+        local = [t[block].clone().requires_grad_() for t in keys + values]
+        partial = pattentions_function(impl, backend)(x, local[:3], local[3:], theta, 0.7, [24, 30, 17],
+                                                      all_reduce_of(dist.ReduceOp.SUM),
+                                                      all_reduce_of(dist.ReduceOp.MAX))
+        (partial * output_weight(partial)).sum().backward()
+        shares.append((partial.detach(), x.grad, [t.grad for t in local]))
+    return shares
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_token_blocks_on_real_ranks_equal_the_whole_layers(world, impl, backend):
+    ranks = run_on_ranks(world, _blocks_on_rank, impl, backend, world)
+    for theta, per_rank in zip(NORM_ACTIVATIONS, zip(*ranks)):
+        x, keys, values = inputs(n=24, count=3)
+        expected = results(plain(theta, 0.7, [24, 30, 17]), x, keys, values)
+        torch.testing.assert_close(sum(r[0] for r in per_rank), expected[0], **tolerance(backend))
+        torch.testing.assert_close(sum(r[1] for r in per_rank), expected[1], **tolerance(backend))
+        for i, e in enumerate(expected[2:]):
+            torch.testing.assert_close(torch.cat([r[2][i] for r in per_rank]), e, **tolerance(backend))
+
+
+# --- Growth --------------------------------------------------------------------------------------------
+
+def grown_copy(layer, new_count, mode="preserve"):
+    bigger = copy.deepcopy(layer)
+    bigger.grow(new_count, mode)
+    return bigger
+
+
+@pytest.mark.parametrize("impl, tokens, grown", [
+    *(("fused", t, g) for t, g in ((32, 64), (64, 128), (96, 192))),
+    *(("flash", t, g) for t, g in ((32, 64), (64, 128), (96, 192), (512, 1024)))])
+@pytest.mark.parametrize("theta", L2)
+def test_preserve_growth_keeps_every_bit_of_the_output_and_the_old_gradients(theta, impl, tokens, grown):
+    """Three Pattentions of one input (d_in = d_out = 64) grown with zero keys and the old n: in fp32 the output,
+    dX and the old tokens' gradients keep every bit, whichever side of d the token count falls (a GEMM order that
+    depended on n would move the first update after growth, which Adam's moments then amplify), and for flash at
+    its real tile size, within one tile and over whole tiles (new tiles add exact zeros). Where a row reduction
+    runs over a tile that growth lengthens with zeros (a ragged last tile, or the fused node's whole row), the
+    library may sum it in another order and the last bits may move, for the plain formula too
+    (test_grow_checkpoint allows that): hence these sizes."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 64, 64, generator=g)
+    layers = [Pattention(64, 64, tokens, theta, impl=impl) for _ in range(3)]
+    with torch.no_grad():
+        for layer in layers:
+            layer.key_param_tokens.copy_(torch.randn(tokens, 64, generator=g) * 0.1)
+            layer.value_param_tokens.copy_(torch.randn(tokens, 64, generator=g) * 0.1)
+    upstream = torch.randn(3, 4, 64, 64, generator=g)
+
+    def run(layers):
+        x_leaf = x.clone().requires_grad_()
+        out = layers[0].run(layers, x_leaf)
+        (out * upstream).sum().backward()
+        return out.detach(), x_leaf.grad, [p.grad[:tokens] for layer in layers for p in layer.parameters()]
+
+    out, grad_x, grads = run(layers)
+    grown_out, grown_grad_x, grown_grads = run([grown_copy(layer, grown) for layer in layers])
+    assert torch.equal(grown_out, out) and torch.equal(grown_grad_x, grad_x)
+    assert all(torch.equal(a, b) for a, b in zip(grown_grads, grads))
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+@pytest.mark.parametrize("theta", L2)
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_preserve_growth_keeps_the_function_and_n(monkeypatch, impl, backend, theta, dtype, atol):
+    """fp64: N(0, 1) tokens; fp32: the stand-alone init, as a user's layer grows."""
+    small_tiles(monkeypatch)
+    torch.manual_seed(0)
+    layer = (random_layer(theta, impl, backend) if dtype == torch.float64
+             else Pattention(8, 6, 10, theta, impl=impl, flash_backend=backend))
+    x = torch.randn(4, 8, dtype=dtype)
+    bigger = grown_copy(layer, 15)
+    assert bigger.key_param_tokens.shape == (15, 8) and bigger.value_param_tokens.shape == (15, 6)
+    assert torch.equal(bigger.key_param_tokens[10:], torch.zeros(5, 8, dtype=dtype))
+    assert bigger.value_param_tokens[10:].abs().sum() > 0
+    torch.testing.assert_close(bigger(x), layer(x), rtol=0, atol=atol if backend != "triton" else 1e-6)
+    # the grown layer keeps the original n, saved with its weights
+    assert bigger.state_dict()["norm_token_count"].item() == 10 and bigger.norm_token_count.dtype == torch.int64
+
+
+def test_preserve_growth_of_softmax_is_refused_because_zero_keys_change_it():
+    """exp(0) = 1 gives every new token weight, so softmax Pattention is not growth-invariant."""
+    layer = random_layer("softmax", dtype=torch.float32)
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"grow\(mode='preserve'\) of a softmax Pattention: .* mode='official'"):
+        layer.grow(15)
+    assert len(layer.key_param_tokens) == 10
+    zero_keys = copy.deepcopy(layer)
+    zero_keys.key_param_tokens = nn.Parameter(torch.cat([layer.key_param_tokens.detach(), torch.zeros(5, 8)]))
+    zero_keys.value_param_tokens = nn.Parameter(torch.cat([layer.value_param_tokens.detach(), torch.randn(5, 6)]))
+    assert not torch.allclose(zero_keys(x), layer(x), atol=1e-3)
+
+
+@pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
+def test_official_growth_draws_new_keys_and_normalises_by_the_new_count(theta):
+    layer = random_layer(theta, dtype=torch.float32)
+    bigger = grown_copy(layer, 16, "official")
+    assert bigger.norm_token_count.item() == 16 and bigger.norm_token_count.dtype == torch.int64
+    assert torch.equal(bigger.key_param_tokens[:10], layer.key_param_tokens)
+    assert torch.equal(bigger.value_param_tokens[:10], layer.value_param_tokens)
+    assert (bigger.key_param_tokens[10:] != 0).all() and (bigger.value_param_tokens[10:] != 0).all()
+    x = torch.randn(4, 8)
+    assert not torch.allclose(bigger(x), layer(x), atol=1e-3)
+
+
+def test_shrinking_an_unknown_mode_and_a_tensor_parallel_block_are_refused():
+    layer = random_layer("l2_norm_gelu")
+    with pytest.raises(ValueError, match=re.escape("grow(new_count=9): the layer has 10 parameter tokens, and growth "
+                                                   "only appends tokens")):
+        layer.grow(9)
+    with pytest.raises(ValueError, match=re.escape("mode='exact': must be one of preserve, official")):
+        layer.grow(12, "exact")
+    with pytest.raises(NotImplementedError, match="tools/grow_checkpoint.py"):
+        ParallelPattention(8, 8, 4).grow(8)
+
+
+# --- The stand-alone layer -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_any_leading_dimensions_equal_the_flattened_tokens(impl, backend):
+    torch.manual_seed(0)
+    layer = Pattention(8, 6, 10, impl=impl, flash_backend=backend)
+    image = torch.randn(2, 3, 5, 8)  # [batch, h, w, d]
+    out = layer(image)
+    assert out.shape == (2, 3, 5, 6)
+    torch.testing.assert_close(out.reshape(-1, 6), layer(image.reshape(-1, 8)), rtol=0, atol=1e-6)
+
+
+def test_a_new_layer_is_initialised_and_the_meta_device_draws_nothing():
+    layer = Pattention(64, 32, 256)
+    assert layer.impl == "fused" and layer.theta == "l2_norm_gelu" and layer.norm_token_count.item() == 256
+    for tokens in (layer.key_param_tokens, layer.value_param_tokens):
+        assert tokens.mean().abs() < 0.002 and 0.019 < tokens.std() < 0.021
+    state = torch.random.get_rng_state()
+    meta = Pattention(64, 32, 256, device="meta")
+    assert torch.equal(torch.random.get_rng_state(), state) and meta.key_param_tokens.is_meta
+    state = layer.state_dict()
+    assert set(state) == {"key_param_tokens", "value_param_tokens", "norm_token_count"}
+    assert state["norm_token_count"].dtype == torch.int64 and state["norm_token_count"].item() == 256
+    layer.to(torch.bfloat16)
+    assert layer.norm_token_count.dtype == torch.int64
+    assert "norm_token_count" not in dict(layer.named_parameters())
+
+
+@pytest.mark.parametrize("impl", PATTENTION_IMPLS)
+def test_train_grow_and_train_on_with_a_rebuilt_optimizer(impl):
+    torch.manual_seed(0)
+    layer = Pattention(8, 6, 10, impl=impl)
+    x, target = torch.randn(16, 8), torch.randn(16, 6)
+
+    def train(optimizer, steps):
+        losses = []
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = (layer(x) - target).square().mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    before = torch.optim.Adam(layer.parameters(), lr=1e-2)
+    train(before, 5)
+    layer.grow(20)
+    trained = {id(p) for p in before.param_groups[0]["params"]}
+    assert trained.isdisjoint(id(p) for p in layer.parameters())  # grow replaced them: the old optimizer is stale
+    new_keys = layer.key_param_tokens[10:].detach().clone()
+    losses = train(torch.optim.Adam(layer.parameters(), lr=1e-2), 20)
+    assert layer.key_param_tokens.grad.shape == (20, 8) and layer.key_param_tokens.grad[10:].abs().sum() > 0
+    assert not torch.equal(layer.key_param_tokens[10:], new_keys) and losses[-1] < losses[0]
