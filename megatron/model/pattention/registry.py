@@ -15,7 +15,7 @@ is imported only when a flash Pattention runs with it, so a CPU process never lo
 """
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import torch
@@ -63,8 +63,9 @@ def pattentions_function(impl: str, flash_backend: str = "auto") -> Callable[...
     if impl != "flash":
         return IMPLEMENTATIONS[impl]
 
-    def flash(x: Tensor, key_tokens, value_tokens, theta: str, tau: float, norm_token_counts,
-              reduce_sum: Reduce = identity, reduce_max: Reduce = identity) -> Tensor:
+    def flash(x: Tensor, key_tokens: Sequence[Tensor], value_tokens: Sequence[Tensor], theta: str, tau: float,
+              norm_token_counts: Sequence[int | Tensor], reduce_sum: Reduce = identity,
+              reduce_max: Reduce = identity) -> Tensor:
         return flash_pattentions(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max,
                                  tiles=tile_functions(flash_backend, x.device))
     return flash
