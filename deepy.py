@@ -10,8 +10,8 @@ hostfile and include/exclude, the launcher's tools and ssh reachability, and
 the files the run reads (launch/preflight.py). The config is printed once and
 passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
 stops (launch/supervise.py). On this machine, the shared-memory buffers DeepSpeed's
-CPU collectives leave on master_port are removed (launch/shm_buffers.py), and DeepSpeed's compiled op is
-kept with this Python environment (launch/extension_cache.py). `launcher` picks how ranks
+CPU collectives leave on master_port are removed (host/shm_buffers.py), and DeepSpeed's compiled op is
+kept with this Python environment (host/extension_cache.py). `launcher` picks how ranks
 start (docs/cluster.md): DeepSpeed's runner (pdsh, the default: `num_gpus`
 local processes, or the hosts of a hostfile), srun (slurm) or mpirun
 (openmpi, mpich).
@@ -25,12 +25,13 @@ import sys
 from pathlib import Path
 
 from megatron.config import ConfigError, inactive_keys, slow_keys
+from megatron.config.argument import encode_config
 from megatron.config.validate import raise_if_any
-from megatron.launch import check_launcher, check_reachable, encode_config, launch_command, launch_notes, world_size
-from megatron.launch.extension_cache import compile_note, remove_stale_build_locks, use_environment_cache
+from megatron.host.extension_cache import compile_note, remove_stale_build_locks, use_environment_cache
+from megatron.host.shm_buffers import remove_port_buffers
+from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size
 from megatron.launch.preflight import launches_here, preflight_problems
 from megatron.launch.resolve import resolve_run
-from megatron.launch.shm_buffers import remove_port_buffers
 from megatron.launch.supervise import run_launcher
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"

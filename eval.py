@@ -18,8 +18,9 @@ from pathlib import Path
 from megatron.config import Config
 from megatron.config.eval_tasks import task_manager
 from megatron.inference import load_model
-from megatron.inference.distributed import initialize_inference, is_output_rank
-from megatron.launch.process_group import run_rank
+from megatron.runtime.collectives import is_output_rank
+from megatron.runtime.entry import run_rank
+from megatron.runtime.process_group import initialize_distributed
 from megatron.tokenizer import build_tokenizer
 
 
@@ -33,7 +34,7 @@ def main(cfg: Config) -> dict:
 
     from megatron.inference.lm_eval_adapter import TokenFormerLM
 
-    device = initialize_inference(cfg)
+    device = initialize_distributed(cfg).device
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
     model = load_model(cfg.eval_ckpt or cfg.load, cfg, device)
     lm = TokenFormerLM(model, tokenizer, batch_size=cfg.train_micro_batch_size_per_gpu, seed=cfg.seed, device=device)

@@ -14,14 +14,15 @@ from __future__ import annotations
 from megatron.config import Config
 from megatron.formats.registry import describe_weights
 from megatron.inference import load_model
-from megatron.inference.distributed import initialize_inference, is_output_rank
 from megatron.inference.text_generation import generate_samples
-from megatron.launch.process_group import run_rank
+from megatron.runtime.collectives import is_output_rank
+from megatron.runtime.entry import run_rank
+from megatron.runtime.process_group import initialize_distributed
 from megatron.tokenizer import build_tokenizer
 
 
 def main(cfg: Config) -> list[dict]:
-    device = initialize_inference(cfg)
+    device = initialize_distributed(cfg).device
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
     weights = cfg.eval_ckpt or cfg.load
     model = load_model(weights, cfg, device)

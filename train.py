@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 
-from megatron.launch.process_group import run_rank
+from megatron.runtime.entry import run_rank
 from megatron.training import pretrain
 
 # DeepSpeed's ZeRO calls a torch collective that torch marks deprecated; nothing for users to act on.

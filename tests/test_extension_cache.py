@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megatron.launch.extension_cache import (
+from megatron.host.extension_cache import (
     VARIABLE,
     environment_cache,
     remove_stale_build_locks,
@@ -69,7 +69,7 @@ def test_a_lock_nobody_holds_is_removed_and_a_held_one_kept(tmp_path, capsys):
 
 
 def test_a_first_cpu_start_says_it_compiles(tmp_path):
-    from megatron.launch.extension_cache import compile_note
+    from megatron.host.extension_cache import compile_note
 
     note = compile_note(tmp_path, "cpu")
     assert note.startswith(f"note: DeepSpeed compiles its CPU communication op into {tmp_path} before the ranks")

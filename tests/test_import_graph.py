@@ -67,6 +67,18 @@ def module_graph(package: Path) -> dict[str, set[str]]:
             for path, (module, is_package) in modules.items()}
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every node `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for child in graph.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return seen
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of `graph` as [a, b, ..., a], or None."""
     state: dict[str, str] = {}
@@ -95,6 +107,16 @@ def test_megatron_packages_import_each_other_without_a_cycle():
     assert {"megatron.checkpoint", "megatron.growth", "megatron.inference", "megatron.training"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle between megatron's packages: " + " -> ".join(cycle)
+
+
+def test_the_ranks_and_deepy_py_share_only_what_both_run():
+    """The ranks' code (megatron/runtime and what it serves) never imports deepy.py's side (megatron/launch),
+    nor does deepy.py's side import theirs: what both need is megatron/host (issue 27 item 5)."""
+    graph = unit_graph(MEGATRON)
+    for rank_side in ("megatron.runtime", "megatron.training", "megatron.inference"):
+        assert "megatron.launch" not in reachable(graph, rank_side), rank_side
+    assert "megatron.runtime" not in reachable(graph, "megatron.launch")
+    assert reachable(graph, "megatron.host") <= {"megatron.config"}
 
 
 def test_the_modules_of_megatron_config_import_each_other_without_a_cycle():

@@ -13,16 +13,9 @@ import sys
 import pytest
 
 from megatron.config import ConfigError, load_config
-from megatron.launch import (
-    check_launcher,
-    decode_config,
-    encode_config,
-    export_rank_environment,
-    launch_command,
-    launch_notes,
-    process_slots,
-)
-from megatron.launch.environment import TORCH_VARIABLES
+from megatron.config.argument import decode_config, encode_config
+from megatron.launch import check_launcher, launch_command, launch_notes, process_slots
+from megatron.runtime.environment import TORCH_VARIABLES, export_rank_environment
 from tests.launch_checks import TINY
 
 TWO_NODES = {"node-a": [0, 1], "node-b": [0, 1]}
@@ -160,7 +153,7 @@ def test_each_rank_takes_its_share_of_the_cores(environment, expected):
     cores = len(os.sched_getaffinity(0))
     expected = max(1, cores // 2) if expected == "share" else expected
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOCAL_SIZE", "LOCAL_WORLD_SIZE")}
-    code = ("from megatron.launch.process_group import share_cores; import torch; share_cores(); "
+    code = ("from megatron.runtime.entry import share_cores; import torch; share_cores(); "
             "print(torch.get_num_threads())")
     result = subprocess.run([sys.executable, "-c", code], env=env | environment | {"RANK": "0"},
                             capture_output=True, text=True, check=True)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from megatron.config import ConfigError
 from megatron.launch.ports import free_port, is_free
-from megatron.launch.rendezvous import KEY, join_launch
+from megatron.runtime.rendezvous import KEY, join_launch
 from tests.distributed import free_port as unused_port
 
 pytestmark = pytest.mark.slow

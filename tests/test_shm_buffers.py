@@ -1,4 +1,4 @@
-"""DeepSpeed's CPU collectives leave a /dev/shm buffer per rank and never remove it (launch/shm_buffers.py): a
+"""DeepSpeed's CPU collectives leave a /dev/shm buffer per rank and never remove it (host/shm_buffers.py): a
 run's ranks remove their own when they end, deepy.py removes what a killed run left on its port before
 launching, and the removal touches this user's buffers of that one port only, and none a live process maps."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from megatron.launch import shm_buffers
-from megatron.launch.shm_buffers import PREFIX, SHM_DIRECTORY, remove_port_buffers
+from megatron.host import shm_buffers
+from megatron.host.shm_buffers import PREFIX, SHM_DIRECTORY, remove_port_buffers
 from tests.conftest import REPO, run_deepy
 from tests.distributed import free_port
 from tests.test_training_e2e import data_overrides

@@ -35,7 +35,7 @@ import yaml
 
 from megatron.formats.deepspeed.names import tokenformer_name
 from megatron.formats.deepspeed.reader import open_checkpoint
-from megatron.launch.process_group import initialize_distributed
+from megatron.runtime.process_group import initialize_distributed
 from megatron.training.pretrain import setup_model_and_engine
 from tests.conftest import REPO
 from tests.distributed import run_on_ranks

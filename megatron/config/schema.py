@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+GPT_NEOX_PORT = 29500  # rank 0's port where nothing chose one (master_port below)
+
 GROUPS = (
     "model",
     "optimizer",
@@ -339,7 +341,8 @@ _LAUNCHER = (
     Key("master_addr", str, None, "launcher", "Address of rank 0; inferred when unset."),
     Key("master_port", int, None, "launcher",
         "Port of rank 0. Unset: a free port on a launch from this machine (chosen by deepy.py, below the "
-        "kernel's range for outgoing connections), GPT-NeoX's 29500 otherwise.", valid_range=Range(1, 65535)),
+        f"kernel's range for outgoing connections), GPT-NeoX's {GPT_NEOX_PORT} otherwise.",
+        valid_range=Range(1, 65535)),
     Key("launcher", str, "pdsh", "launcher", "Multi-node launcher.", choices=("pdsh", "slurm", "openmpi", "mpich")),
     Key("deepspeed_slurm", bool, False, "launcher", "Read ranks and addresses from the SLURM environment."),
     Key("no_ssh_check", bool, False, "launcher", "Skip the ssh reachability check of the head node."),

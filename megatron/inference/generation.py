@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from megatron.inference.distributed import same_on_tensor_ranks
 from megatron.inference.sampling import SamplingParams, next_tokens
 from megatron.model import TokenFormerModel
 from megatron.model.kv_cache import KVCache
 from megatron.mpu import gather_from_region
+from megatron.runtime.collectives import same_on_tensor_ranks
 
 
 @dataclass

@@ -20,17 +20,41 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TextIO
 
 import torch
 from tqdm import tqdm
 
 from megatron.config import Config
-from megatron.inference.distributed import from_output_rank, is_output_rank
 from megatron.inference.generation import generate
 from megatron.inference.sampling import SamplingParams
 from megatron.model import TokenFormerModel
+from megatron.runtime.collectives import from_output_rank, is_output_rank
 from megatron.tokenizer import AbstractTokenizer
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """The keys generate.py's modes read (docs/inference.md): the functions below take these, not the Config."""
+
+    text_gen_type: str
+    num_samples: int
+    sample_input_file: str | None
+    prompt_end: str
+    sample_output_file: str
+    sampling: SamplingParams
+    maximum_tokens: int
+    use_cache: bool  # not `recompute`
+    seed: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> GenerationSettings:
+        return cls(text_gen_type=cfg.text_gen_type, num_samples=cfg.num_samples,
+                   sample_input_file=cfg.sample_input_file, prompt_end=cfg.prompt_end,
+                   sample_output_file=cfg.sample_output_file,
+                   sampling=SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p),
+                   maximum_tokens=cfg.maximum_tokens, use_cache=not cfg.recompute, seed=cfg.seed)
 
 
 def _first_undecodable(text: str) -> int | None:
@@ -60,19 +84,19 @@ def _too_long(index: int, prompt: str, tokens: int, limit: int) -> None:
               file=sys.stderr, flush=True)
 
 
-def _file_prompts(cfg: Config) -> Iterator[str]:
+def _file_prompts(settings: GenerationSettings) -> Iterator[str]:
     """The prompts of sample_input_file, stripped, empty ones skipped; lines are numbered from 1."""
-    with open(cfg.sample_input_file, encoding="utf-8", errors="surrogateescape") as stream:
+    with open(settings.sample_input_file, encoding="utf-8", errors="surrogateescape") as stream:
         text = stream.read()
     start = 0
-    for prompt in text.split(cfg.prompt_end):
+    for prompt in text.split(settings.prompt_end):
         bad = _first_undecodable(prompt)
         if bad is not None:
             line = text.count("\n", 0, start + bad) + 1
-            _skipped(f"{cfg.sample_input_file} line {line}", text, start + bad)
+            _skipped(f"{settings.sample_input_file} line {line}", text, start + bad)
         elif prompt.strip():
             yield prompt.strip()
-        start += len(prompt) + len(cfg.prompt_end)
+        start += len(prompt) + len(settings.prompt_end)
 
 
 def _read_line(stdin: TextIO) -> str:
@@ -101,22 +125,22 @@ def _typed_prompts(stdin: TextIO) -> Iterator[str]:
             yield line.rstrip("\r\n")
 
 
-def prompts_of(cfg: Config, stdin: TextIO | None = None) -> Iterator[str]:
-    """The prompts of `cfg.text_gen_type`; "" stands for no prompt (unconditional)."""
-    if cfg.text_gen_type == "unconditional":
-        return iter([""] * cfg.num_samples)
-    if cfg.text_gen_type == "input-file":
-        return _file_prompts(cfg)
+def prompts_of(settings: GenerationSettings, stdin: TextIO | None = None) -> Iterator[str]:
+    """The prompts of `settings.text_gen_type`; "" stands for no prompt (unconditional)."""
+    if settings.text_gen_type == "unconditional":
+        return iter([""] * settings.num_samples)
+    if settings.text_gen_type == "input-file":
+        return _file_prompts(settings)
     return _typed_prompts(stdin or sys.stdin)
 
 
-def _prompt_count(cfg: Config) -> int | None:
+def _prompt_count(settings: GenerationSettings) -> int | None:
     """How many prompts there are (None: typed, not known ahead)."""
-    if cfg.text_gen_type == "unconditional":
-        return cfg.num_samples
-    if cfg.text_gen_type == "input-file":
-        text = open(cfg.sample_input_file, encoding="utf-8", errors="surrogateescape").read()
-        return sum(1 for prompt in text.split(cfg.prompt_end) if prompt.strip())
+    if settings.text_gen_type == "unconditional":
+        return settings.num_samples
+    if settings.text_gen_type == "input-file":
+        text = open(settings.sample_input_file, encoding="utf-8", errors="surrogateescape").read()
+        return sum(1 for prompt in text.split(settings.prompt_end) if prompt.strip())
     return None
 
 
@@ -129,31 +153,32 @@ def shows_progress() -> bool:
 def generate_samples(cfg: Config, model: TokenFormerModel, tokenizer: AbstractTokenizer, device: torch.device,
                      stdin: TextIO | None = None) -> list[dict]:
     """Generate for every prompt of the configured mode; returns the records written to sample_output_file."""
-    sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    settings = GenerationSettings.from_config(cfg)
     records = []
-    total = _prompt_count(cfg)
+    total = _prompt_count(settings)
     progress = tqdm(total=total, unit="sample", desc="generating", file=sys.stderr,
                     disable=total is None or not is_output_rank() or not shows_progress())
-    with open(cfg.sample_output_file, "w", encoding="utf-8") if is_output_rank() else nullcontext() as output, progress:
-        for index, prompt in enumerate(prompts_of(cfg, stdin)):
+    output_file = settings.sample_output_file
+    with open(output_file, "w", encoding="utf-8") if is_output_rank() else nullcontext() as output, progress:
+        for index, prompt in enumerate(prompts_of(settings, stdin)):
             tokens = tokenizer.tokenize(prompt) if prompt else [tokenizer.eod]
             if len(tokens) >= model.args.max_position_embeddings:
                 _too_long(index, prompt, len(tokens), model.args.max_position_embeddings)
                 continue
-            generator = torch.Generator(device).manual_seed(cfg.seed + index)
+            generator = torch.Generator(device).manual_seed(settings.seed + index)
             start = time.perf_counter()
-            [result] = generate(model, torch.tensor([tokens], device=device), cfg.maximum_tokens, sampling,
-                                eod=tokenizer.eod, vocab_size=tokenizer.vocab_size, use_cache=not cfg.recompute,
-                                generator=generator)
+            [result] = generate(model, torch.tensor([tokens], device=device), settings.maximum_tokens,
+                                settings.sampling, eod=tokenizer.eod, vocab_size=tokenizer.vocab_size,
+                                use_cache=settings.use_cache, generator=generator)
             record = {"context": prompt, "text": tokenizer.detokenize(result.tokens), "length": len(result.tokens),
                       "finished": result.finished, "duration_seconds": time.perf_counter() - start}
             records.append(record)
             if output is not None:
                 output.write(json.dumps(record) + "\n")
                 output.flush()
-                if cfg.text_gen_type == "interactive":
+                if settings.text_gen_type == "interactive":
                     print(prompt + record["text"], flush=True)
             progress.update()
     if is_output_rank():
-        print(f"wrote {len(records)} samples to {cfg.sample_output_file}", flush=True)
+        print(f"wrote {len(records)} samples to {settings.sample_output_file}", flush=True)
     return records

@@ -3,7 +3,8 @@
 Two runs started seconds apart on one default port collided: the second passed the busy-port check because the
 first had not bound its store yet. A launch from this machine that sets no master_port gets a random free port
 below the kernel's range for outgoing connections (so no connection's local end takes it meanwhile); a run that
-still meets another on its port is stopped by the launch identity every rank checks (rendezvous.py).
+still meets another on its port is stopped by the launch identity every rank checks
+(megatron/runtime/rendezvous.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import random
 import socket
 from pathlib import Path
 
-GPT_NEOX_PORT = 29500
+from megatron.config.schema import GPT_NEOX_PORT
+
 LOWEST = 20000
 
 

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from megatron.config import Config, check_run_inputs, load_config
+from megatron.config.schema import GPT_NEOX_PORT
 from megatron.launch.hosts import is_local_host
-from megatron.launch.ports import GPT_NEOX_PORT, free_port
+from megatron.launch.ports import free_port
 from megatron.launch.resources import Slots, process_slots, world_size
 
 

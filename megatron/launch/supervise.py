@@ -8,8 +8,8 @@ and exits 0 (training/preemption.py); deepy.py then waits for the launcher to fi
 Ranks on other hosts get it from the launcher (SIGTERM to srun or mpirun is forwarded to their tasks). A
 SIGTERM to DeepSpeed's runner itself ends the runner only; deepy.py, the subreaper of its descendants, then
 finds the ranks orphaned, passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is
-seen by the ranks here (orphan_watch.py). When the job fails, the rank DeepSpeed's launcher saw end first,
-and how, is named as the cause.
+seen by the ranks here (megatron/host/orphan_watch.py). When the job fails, the rank DeepSpeed's launcher saw end
+first, and how, is named as the cause.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from megatron.launch.orphan_watch import VARIABLE as ORPHAN_VARIABLE
-from megatron.launch.orphan_watch import launcher_identity
+from megatron.host.orphan_watch import VARIABLE as ORPHAN_VARIABLE
+from megatron.host.orphan_watch import launcher_identity
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # DeepSpeed's per-node launcher, when a rank ends badly, kills the others and logs the first one it saw end:

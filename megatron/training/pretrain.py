@@ -23,9 +23,10 @@ from megatron.formats.deepspeed.reader import open_checkpoint, read_checkpoint
 from megatron.formats.deepspeed.resume import load_checkpoint
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
 from megatron.growth.partial_init import grow_into
-from megatron.launch.process_group import initialize_distributed
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.pipeline import build_pipeline
+from megatron.runtime.collectives import is_output_rank
+from megatron.runtime.process_group import initialize_distributed
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.data import batch_iterator, build_datasets
 from megatron.training.gradient_clipping import clips_in_optimizer, install_gradient_clipping
@@ -40,7 +41,7 @@ from megatron.training.utilization import Utilization
 
 
 def print_rank_0(message: str) -> None:
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if is_output_rank():
         print(message, flush=True)
 
 
@@ -95,7 +96,7 @@ class Trainer:
     def __init__(self, cfg):
         self.cfg = cfg
         check_run_inputs(cfg)
-        self.layout = initialize_distributed(cfg)
+        self.layout = initialize_distributed(cfg).layout
         if cfg.save and not cfg.eval_only:
             command = " ".join([cfg.user_script or "train.py", *(cfg.config_files or ())])
             hold_save_directory_for_the_run(cfg.save, command)

@@ -19,8 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from megatron.launch import decode_config
-from megatron.launch.process_group import initialize_distributed
+from megatron.config.argument import decode_config
+from megatron.runtime.process_group import initialize_distributed
 
 
 def main() -> None:

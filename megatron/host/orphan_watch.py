@@ -6,8 +6,8 @@ SIGTERM stops it: a checkpoint at the next iteration, then exit. A rank that doe
 period (a collective whose peers are gone) is killed. Otherwise orphaned ranks would train on, holding the
 save directory's lock and the port, until they finished.
 
-deepy.py reads the ranks' output (supervise.py); once it is gone, a write there would raise BrokenPipeError
-wherever the rank happens to print, so the rank's stdout and stderr then go to /dev/null instead.
+deepy.py reads the ranks' output (megatron/launch/supervise.py); once it is gone, a write there would raise
+BrokenPipeError wherever the rank happens to print, so the rank's stdout and stderr then go to /dev/null instead.
 """
 
 from __future__ import annotations

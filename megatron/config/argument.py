@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import zlib
 
-from megatron.config import Config
+from megatron.config.config import Config
 
 
 def encode_config(cfg: Config) -> str:

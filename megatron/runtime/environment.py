@@ -13,7 +13,7 @@ import os
 import subprocess
 
 from megatron.config import Config, ConfigError
-from megatron.launch.ports import master_port
+from megatron.config.schema import GPT_NEOX_PORT
 
 TORCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -30,7 +30,7 @@ def _first_host(nodelist: str) -> str:
     return expanded[0]
 
 
-def _from_slurm(cfg) -> dict[str, str]:
+def _from_slurm(cfg: Config, port: int) -> dict[str, str]:
     try:
         rank, size, local = os.environ["SLURM_PROCID"], os.environ["SLURM_NTASKS"], os.environ["SLURM_LOCALID"]
         nodelist = os.environ["SLURM_STEP_NODELIST"]
@@ -40,10 +40,10 @@ def _from_slurm(cfg) -> dict[str, str]:
             "launch with python deepy.py inside an allocation (sbatch tools/slurm/train.sbatch ...)"
         ) from None
     master = cfg.master_addr or _first_host(nodelist)
-    return _torch_variables(rank, size, local, master, master_port(cfg))
+    return _torch_variables(rank, size, local, master, port)
 
 
-def _from_mpi(cfg) -> dict[str, str]:
+def _from_mpi(cfg: Config, port: int) -> dict[str, str]:
     try:
         from mpi4py import MPI
     except ImportError:
@@ -54,7 +54,7 @@ def _from_mpi(cfg) -> dict[str, str]:
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     master = cfg.master_addr or world.bcast(MPI.Get_processor_name(), root=0)
-    values = _torch_variables(world.Get_rank(), world.Get_size(), node.Get_rank(), master, master_port(cfg))
+    values = _torch_variables(world.Get_rank(), world.Get_size(), node.Get_rank(), master, port)
     node.Free()
     # All ranks are here together, so finalizing is quick now; at exit it would wait for every rank,
     # and a rank that raised would hang instead of ending the job.
@@ -63,11 +63,13 @@ def _from_mpi(cfg) -> dict[str, str]:
 
 
 def export_rank_environment(cfg: Config) -> None:
-    """Set the env:// variables for this rank, or raise ConfigError saying how to launch it."""
+    """Set the env:// variables for this rank, or raise ConfigError saying how to launch it. master_port is
+    GPT-NeoX's where nothing chose one (a config not resolved by deepy.py)."""
+    port = cfg.master_port if cfg.master_port is not None else GPT_NEOX_PORT
     if cfg.launcher == "slurm":
-        os.environ.update(_from_slurm(cfg))
+        os.environ.update(_from_slurm(cfg, port))
     elif cfg.launcher in ("openmpi", "mpich"):
-        os.environ.update(_from_mpi(cfg))
+        os.environ.update(_from_mpi(cfg, port))
     missing = [name for name in TORCH_VARIABLES if name not in os.environ]
     if missing:
         raise ConfigError(

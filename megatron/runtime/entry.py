@@ -1,0 +1,93 @@
+"""A rank's entry and exit, the same for train.py, generate.py and eval.py: the config deepy.py passed, the
+process prepared, the script's `main`, errors reported once, the process group left and the process ended."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+
+from megatron.checkpoint.commit import CheckpointWriteError
+from megatron.config import Config, ConfigError
+from megatron.config.argument import decode_config
+from megatron.formats.deepspeed.reader import CheckpointUnreadable
+from megatron.host.extension_cache import use_environment_cache
+from megatron.host.orphan_watch import watch_launcher
+from megatron.runtime.collectives import is_output_rank
+from megatron.runtime.process_group import leave_process_group
+from megatron.runtime.settings import RuntimeSettings
+
+
+def share_cores() -> int:
+    """Give this rank its share of the cores it may run on, as torchrun does: torch's default of every core per
+    process oversubscribes N ranks on one node N-fold. OMP_NUM_THREADS, when set, decides instead. Returns the
+    thread count; rank 0 says it once."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    local_ranks = int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // local_ranks)
+    torch.set_num_threads(threads)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"threads: {threads} per process ({cores} cores, {local_ranks} processes per node); "
+              "set OMP_NUM_THREADS to choose", flush=True)
+    return threads
+
+
+def _prepare_process(settings: RuntimeSettings) -> None:
+    """What a rank sets before its script's work: Triton's interpreter where the kernels run on a CPU, its share
+    of the cores, the watch on deepy.py, the extension cache (as deepy.py does, for ranks started without it:
+    srun, mpirun by hand)."""
+    if settings.flash_backend == "triton" and get_accelerator().device_name() == "cpu":
+        # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    share_cores()
+    watch_launcher()
+    use_environment_cache()
+
+
+def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
+    """A rank's entry point (train.py, generate.py, eval.py): `main` on the config deepy.py passed, then the
+    process group left and the process ended. An error every rank raises alike (a ConfigError, a damaged
+    checkpoint: decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message,
+    not one traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit,
+    without the chained traceback of the OS error behind it (the message names it)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--megatron_config", required=True,
+                        help="resolved config from deepy.py (zlib-compressed JSON, base64)")
+    parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
+    cfg = decode_config(parser.parse_args().megatron_config)
+    _prepare_process(RuntimeSettings.from_config(cfg))
+    code = 1
+    try:
+        main(cfg)
+        code = 0
+    except (ConfigError, CheckpointUnreadable) as error:
+        if is_output_rank():
+            label = "config error" if isinstance(error, ConfigError) else "error"
+            print(f"{label}: {error}", file=sys.stderr, flush=True)
+        code = 2
+    except CheckpointWriteError as error:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
+    finally:
+        leave_process_group(finished=code == 0)
+    end_process(code)
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit with `code` once output is flushed, without the interpreter's teardown: process groups still
+    referenced by DeepSpeed's and our module globals would be destroyed there in no set order, and gloo then
+    aborts a finished rank now and then ("terminate called without an active exception", exit -6). Every file
+    the run writes is closed and synced before this point (checkpoints commit, the metrics log is closed)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
