@@ -22,7 +22,6 @@ import torch
 from torch import Tensor, nn
 
 from megatron.model.args import FLASH_BACKENDS, PATTENTION_IMPLS
-from megatron.model.init_roles import InitRole
 from megatron.model.pattention.registry import check_choice, pattentions_function
 from megatron.model.pattention.theta import Reduce, check_theta, identity
 
@@ -79,10 +78,6 @@ class Pattention(nn.Module):
         """Keys and values drawn from N(0, INIT_STD²), so that a layer is usable right after construction."""
         _draw_init(self.key_param_tokens)
         _draw_init(self.value_param_tokens)
-
-    def init_roles(self) -> dict[str, InitRole]:
-        """Official init in a TokenFormerModel: keys use `init_method`, values use `output_layer_init_method`."""
-        return {"key_param_tokens": InitRole.INPUT, "value_param_tokens": InitRole.OUTPUT}
 
     def grow(self, new_count: int, mode: str = "preserve") -> None:
         """Append parameter tokens up to `new_count`, as docs/growth.md's two modes grow a checkpoint:
