@@ -117,3 +117,12 @@ def test_the_hugging_face_and_official_formats_carry_a_declared_pattention(with_
     assert "sequential.3.ffn_gate.value_param_tokens" in official
     back = from_official(official, args)
     assert set(back) == set(state) and all(torch.equal(back[name], state[name]) for name in state)
+
+
+def test_the_remote_code_default_names_the_declared_pattentions():
+    """The transformers configuration copied beside exported weights cannot import the framework; its default for a
+    config.json without pattention_slot_keys must be the spec's."""
+    pytest.importorskip("transformers")
+    from megatron.hf.configuration_tokenformer import RELEASE_PATTENTIONS
+
+    assert RELEASE_PATTENTIONS == {spec.hf_name: spec.slot_key for spec in layer_pattentions()}
