@@ -27,7 +27,12 @@ from megatron.data.data_utils import train_split_problem, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
 from megatron.formats.consolidated import weights_location_problem
-from megatron.formats.deepspeed.compatibility import holds_weights_only, layout_problems, tensor_problems
+from megatron.formats.deepspeed.compatibility import (
+    architecture_problems,
+    holds_weights_only,
+    layout_problems,
+    tensor_problems,
+)
 from megatron.launch.hosts import is_local_host
 from megatron.launch.ports import is_free, master_port
 from megatron.launch.resources import Slots, world_size
@@ -53,11 +58,11 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
         return []
     tag_dir = Path(cfg.load) / tag
     if holds_weights_only(tag_dir):  # loaded into any layout
-        return tensor_problems(tag_dir, cfg, vocabulary, saved_layout=True)
+        return tensor_problems(tag_dir, cfg, vocabulary, saved_layout=True) or architecture_problems(tag_dir, cfg)
     data_parallel = processes // (cfg.model_parallel_size * max(1, cfg.pipe_parallel_size))
     # A frozen run whose checkpoint was saved with another freeze loads weights only: any data-parallel size.
     return (layout_problems(tag_dir, cfg, None if cfg.freeze_old_param_tokens else data_parallel)
-            or tensor_problems(tag_dir, cfg, vocabulary))
+            or tensor_problems(tag_dir, cfg, vocabulary) or architecture_problems(tag_dir, cfg))
 
 
 def launches_here(cfg: Config, slots: Slots) -> bool:

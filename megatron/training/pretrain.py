@@ -18,7 +18,7 @@ from megatron.checkpoint.selection import resume_tag
 from megatron.config import ConfigError, check_run_inputs
 from megatron.config.validate import raise_if_any
 from megatron.formats.consolidated import CONFIG_NAME, read_config
-from megatron.formats.deepspeed.compatibility import holds_weights_only, tensor_problems
+from megatron.formats.deepspeed.compatibility import architecture_problems, holds_weights_only, tensor_problems
 from megatron.formats.deepspeed.reader import open_checkpoint, read_checkpoint
 from megatron.formats.deepspeed.resume import load_checkpoint
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
@@ -112,7 +112,8 @@ class Trainer:
         self.exit_conditions = ExitConditions(cfg, self.engine.device)
         if tag is not None and holds_weights_only(Path(cfg.load) / tag):
             tag_dir = Path(cfg.load) / tag
-            raise_if_any(tensor_problems(tag_dir, cfg, cfg.padded_vocab_size, saved_layout=True))
+            raise_if_any(tensor_problems(tag_dir, cfg, cfg.padded_vocab_size, saved_layout=True)
+                         or architecture_problems(tag_dir, cfg))
             grow_into(self.engine, cfg, read_checkpoint(tag_dir))  # into this run's layout, shapes unchanged
             print_rank_0(f"loaded the weights of {tag_dir} (it holds no optimizer state or iteration: a warm start "
                          "at iteration 0)")

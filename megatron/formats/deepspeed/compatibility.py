@@ -1,9 +1,10 @@
 """Does the checkpoint a run resumes from fit the run? Asked before any process starts (deepy.py) and again by
 each rank before DeepSpeed loads it, which would stop at the first size mismatch with its own message.
 
-Three things must agree: the tensor/pipeline layout (config.json), the data-parallel size when the optimizer
-state is ZeRO-partitioned (DeepSpeed cannot re-partition it), and the shape of every tensor in the layout's
-real weight files (pipeline layer files included) with the model the config describes. Every difference is
+Four things must agree: the tensor/pipeline layout (config.json), the data-parallel size when the optimizer
+state is ZeRO-partitioned (DeepSpeed cannot re-partition it), the shape of every tensor in the layout's
+real weight files (pipeline layer files included) with the model the config describes, and every model key
+(config.json's ARCHITECTURE_KEYS, of which Θ, τ, rotary and the norms change no shape). Every difference is
 named at once, with the fix: another config, or tools/grow_checkpoint.py, which re-shards into any layout.
 """
 
@@ -64,6 +65,20 @@ def layout_problems(tag_dir: Path, cfg, data_parallel_size: int | None = None) -
             f"run has {data_parallel_size}, and DeepSpeed cannot re-partition it: resume on {saved_ranks} "
             f"data-parallel ranks, or {RESHARD}, whose output any data-parallel size loads")
     return problems
+
+
+def architecture_problems(tag_dir: Path, cfg) -> list[str]:
+    """The model keys this run sets otherwise than the checkpoint's config.json, in one message; [] if none.
+    Asked after tensor_problems: Θ, τ, rotary, the norms keep every shape, so without this a run would resume the
+    weights silently into another function."""
+    saved = _saved_config(tag_dir)
+    keys = [f"{key} (saved {saved[key]!r}, this run {getattr(cfg, key)!r})" for key in ARCHITECTURE_KEYS
+            if key in saved and saved[key] != getattr(cfg, key)]
+    if not keys:
+        return []
+    return [f"load: {tag_dir} was trained as another model: {'; '.join(keys)}. Its weights compute a different "
+            "function under these values: set them as in its config.json (to grow the slot counts, use "
+            "tools/grow_checkpoint.py)"]
 
 
 def tensor_problems(tag_dir: Path, cfg, padded_vocab_size: int, saved_layout: bool = False) -> list[str]:

@@ -18,7 +18,7 @@ from megatron.checkpoint.engine_optimizer import check_supported
 from megatron.checkpoint.rng_state import restore_rng_state
 from megatron.checkpoint.safety import load_weights_only
 from megatron.config.validate import raise_if_any
-from megatron.formats.deepspeed.compatibility import layout_problems, tensor_problems
+from megatron.formats.deepspeed.compatibility import architecture_problems, layout_problems, tensor_problems
 from megatron.formats.deepspeed.portable import is_portable
 from megatron.formats.deepspeed.restore import restore_portable_state
 
@@ -32,7 +32,7 @@ def load_checkpoint(engine, cfg, tag: str, load_optimizer: bool = True) -> tuple
     # The layout first: the tensors are compared as this run splits them.
     zero_state = load_optimizer and not portable and dist.is_initialized()
     raise_if_any(layout_problems(tag_dir, cfg, mpu.get_data_parallel_world_size() if zero_state else None)
-                 or tensor_problems(tag_dir, cfg, cfg.padded_vocab_size))
+                 or tensor_problems(tag_dir, cfg, cfg.padded_vocab_size) or architecture_problems(tag_dir, cfg))
     if portable and load_optimizer:
         check_supported(engine.optimizer)
     # no_grad: a pipeline re-broadcasts its tied weight in place while loading (see model/pipeline.py).
