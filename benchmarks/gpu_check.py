@@ -334,8 +334,9 @@ STEPS: dict[str, Callable[[Check, StepResult], None]] = {
 # --- report --------------------------------------------------------------------------------------------------
 
 def target_figures(results: dict[str, StepResult], wall: float) -> dict[str, float | None]:
-    kernels, max_batch = results["kernels"].details, results["max-batch"].details
-    training = results["training"].details.get("runs", {}).get("flash", {})
+    details = lambda name: results[name].details if name in results else {}  # noqa: E731
+    kernels, max_batch = details("kernels"), details("max-batch")
+    training = details("training").get("runs", {}).get("flash", {})
     return {"flash / six GEMMs at 1-5B shapes": kernels.get("flash_over_gemms_1_5B"),
             "training MFU (flash)": training.get("mfu"),
             "flash / fused peak memory at n >= 4d": kernels.get("peak_flash_over_fused_n_ge_4d"),
@@ -355,14 +356,15 @@ def write_report(results: list[StepResult], wall: float, out: Path, cpu: bool) -
     figures = target_figures(by_name, wall)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "mode": "cpu-plumbing" if cpu else "gpu", "wall_seconds": wall,
-              "environment": by_name["environment"].details,
+              "environment": by_name["environment"].details if "environment" in by_name else {},
               "steps": [dataclasses.asdict(r) for r in results],
               "targets": {name: {"figure": figures[name], "rule": f"{op} {bound:g}",
                                  "verdict": verdict(figures[name], (op, bound))}
                           for name, (op, bound) in TARGETS.items()}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
-    lines = [f"# GPU check, {report['date']} ({report['mode']})", "", by_name["environment"].summary, "",
+    environment = by_name["environment"].summary if "environment" in by_name else ""
+    lines = [f"# GPU check, {report['date']} ({report['mode']})", "", environment, "",
              "| step | status | seconds | result |", "|---|---|---|---|"]
     lines += [f"| {r.name} | {r.status} | {r.seconds:.0f} | {r.summary.replace('|', '/')} |" for r in results]
     lines += ["", "| target | rule | figure | verdict |", "|---|---|---|---|"]
@@ -416,6 +418,8 @@ def main() -> None:
             result.seconds = time.perf_counter() - step_start
             check.results.append(result)
             print(f"[gpu_check] {name}: {result.status} ({result.seconds:.0f} s) {result.summary}", flush=True)
+            # after every step, so that a run stopped at the machine's time limit still brings its figures back
+            write_report(check.results, time.perf_counter() - start, Path(options.out), options.cpu_plumbing)
     finally:
         shutil.rmtree(check.work, ignore_errors=True)
     report = write_report(check.results, time.perf_counter() - start, Path(options.out), options.cpu_plumbing)
