@@ -2,7 +2,7 @@
 training steps of the paper configs at reduced depth, flash vs fused.
 
     .venv/bin/python -m benchmarks.gpu_pattention [--tokens 16384] [--dtype bf16|fp32] [--repeats 10]
-        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--peak-tflops T] [--json FILE]
+        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--peak-tflops T] [--json FILE]
 
 Needs a CUDA device and Triton. Without them it prints one line saying so (stderr) and exits with status 2:
 nothing was measured, which is neither a result (0) nor a failure of the code (1), so a script running it on
@@ -22,8 +22,9 @@ backward and the optimizer step, flash and fused alternating. MFU = tokens/s × 
 (megatron/model/flops.py, no recomputation) / peak FLOP/s: the fastest bf16 8192² matmul measured here, or
 --peak-tflops (e.g. the data sheet's dense bf16 figure).
 
---no-steps times the kernels only (benchmarks/gpu_check.py measures training through deepy.py instead);
---json also writes every row to FILE.
+--profile prints torch.profiler's kernel table of one flash and one fused forward + backward (l2_norm_gelu, the
+1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py measures training through deepy.py
+instead); --json also writes every row to FILE.
 
 Last line: "ratio: flash (Triton) Pattention time / six GEMMs = X (all shapes and Θ; worst Y); training-step
 MFU at <largest config>: flash A, fused B".
@@ -127,6 +128,32 @@ def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
     return rows
 
 
+def kernel_profile(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype) -> str:
+    """torch.profiler's table of the GPU kernels of one flash and one fused forward + backward (after a warm-up
+    run), by their total device time: where flash's time goes beyond the GEMMs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.pattention import forward_backward, fused, tensors
+    from megatron.model.pattention import pattentions_function
+
+    def flash(x, keys, values, norm_type):
+        return pattentions_function("flash", "triton")(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
+
+    name, d, n, count = shape
+    x, keys, values, grad_out = tensors(tokens, d, n, count)
+    x, grad_out = on_gpu(x, dtype), on_gpu(grad_out, dtype)
+    keys, values = [on_gpu(k, dtype) for k in keys], [on_gpu(v, dtype) for v in values]
+    tables = []
+    for label, function in (("flash", flash), ("fused", fused)):
+        step = synchronized(forward_backward(function, x, keys, values, norm_type, grad_out))
+        step()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+        tables.append(f"{label}, {norm_type}, {name} (d={d}, n={n}), {tokens} tokens:\n{table}")
+    return "\n".join(tables)
+
+
 def training_step(args, batch: int) -> Callable[[], None]:
     """One bf16 training step (forward, lm_loss, backward, AdamW) of the model `args` describe, on one batch."""
     from megatron.model import TokenFormerModel
@@ -179,6 +206,8 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak bf16 TFLOP/s for the MFU (default: the fastest matmul measured here)")
     parser.add_argument("--no-steps", action="store_true", help="time the kernels only")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the GPU kernels of flash and fused at the 1-5B FFN shape (torch.profiler)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     options = parser.parse_args()
     reason = unavailable_reason()
@@ -202,10 +231,14 @@ def main() -> None:
               f"{r['flash'] / r['gemms']:>8.2f} {r['peak']:>9.2f}")
     flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
     worst = max(r["flash"] / r["gemms"] for r in rows)
+    profiled = kernel_profile("l2_norm_gelu", LARGEST_CONFIG_SHAPES[-1], options.tokens, dtype) \
+        if options.profile else None
+    if profiled:
+        print(profiled)
     if options.json:
         with open(options.json, "w", encoding="utf-8") as stream:
             json.dump({"tokens": options.tokens, "dtype": options.dtype, "kernels": rows,
-                       "flash_over_gemms": flash_over_gemms, "worst": worst}, stream, indent=1)
+                       "flash_over_gemms": flash_over_gemms, "worst": worst, "profile": profiled}, stream, indent=1)
     if options.no_steps:
         print(f"ratio: flash (Triton) Pattention time / six GEMMs = {flash_over_gemms:.2f} (all shapes and Θ; worst "
               f"{worst:.2f})")

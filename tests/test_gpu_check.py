@@ -71,8 +71,8 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
     assert training["status"] == "ok", training
     assert training["details"]["deterministic"] and training["details"]["exact_resume"]
     runs = training["details"]["runs"]
-    assert set(runs) == {"flash", "flash stopped", "flash resumed", "fused"}
-    assert runs["flash resumed"]["iterations"] == 3 and runs["flash stopped"]["iterations"] == 5
+    assert set(runs) == {"flash", "fused", "deterministic", "deterministic stopped", "deterministic resumed"}
+    assert runs["deterministic resumed"]["iterations"] == 3 and runs["deterministic stopped"]["iterations"] == 5
     for run in runs.values():
         assert run["tokens_per_sec"] > 0 and run["tflops_per_device"] > 0 and run["peak_memory_gib"] > 0.1
         assert run["mfu"] is None  # a CPU has no peak in the table

@@ -205,6 +205,10 @@ _TRAINING = (
     Key("eval_iters", int, 100, "training", "Batches per evaluation.", valid_range=NON_NEGATIVE),
     Key("eval_only", bool, False, "training", "Evaluate the checkpoint in `load` on the validation split and exit."),
     Key("seed", int, 1234, "training", "Seed for Python, NumPy and PyTorch.", valid_range=NON_NEGATIVE),
+    Key("deterministic", bool, False, "training",
+        "Deterministic kernels only (torch.use_deterministic_algorithms, a fixed cuBLAS workspace): two runs of "
+        "one config then give bitwise-equal losses on a GPU, as on a CPU; an op with no deterministic kernel stops "
+        "the run naming it. Slower; Megatron's --deterministic-mode."),
     Key("checkpoint_activations", bool, False, "training",
         "Recompute layer activations in the backward pass to save memory."),
     Key("checkpoint_num_layers", int, 1, "training", "Layers per activation-checkpointed chunk.",

@@ -80,6 +80,8 @@ def initialize_distributed(cfg: Config) -> Placement:
         raise ConfigError(problem)
     layout = mpu.initialize_model_parallel(settings.model_parallel_size, settings.pipe_stages)
     set_seed(settings.seed)
+    if settings.deterministic:
+        use_deterministic_kernels()
     return Placement(layout, torch.device(get_accelerator().current_device_name()))
 
 
@@ -91,6 +93,14 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
     get_accelerator().manual_seed_all(seed)
     mpu.seed_model_parallel_rng(seed)
+
+
+def use_deterministic_kernels() -> None:
+    """Only kernels that give the same bits every run: on CUDA the embedding's and attention's backward otherwise
+    accumulate with atomics in whatever order threads arrive. cuBLAS needs a fixed workspace for the same; it reads
+    the variable when its first handle is made, after this (no matmul has run yet)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def leave_process_group(finished: bool = True) -> None:

@@ -30,6 +30,7 @@ class RuntimeSettings:
     model_parallel_size: int
     pipe_stages: int  # of the parallel layout: 1 for the plain model (pipe_parallel_size 0) and for inference
     seed: int
+    deterministic: bool
     flash_backend: str
 
     @classmethod
@@ -40,7 +41,7 @@ class RuntimeSettings:
                    distributed_backend=cfg.distributed_backend, world_size=cfg.world_size,
                    model_parallel_size=cfg.model_parallel_size,
                    pipe_stages=1 if inference else max(1, cfg.pipe_parallel_size), seed=cfg.seed,
-                   flash_backend=cfg.flash_backend)
+                   deterministic=cfg.deterministic, flash_backend=cfg.flash_backend)
 
     def world_size_problem(self, started: int) -> str | None:
         """What is wrong with `started` processes for this run, and how to start the right number; None if
