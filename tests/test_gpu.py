@@ -151,6 +151,28 @@ def test_bf16_tile_products_are_accumulated_in_fp32():
     assert error < 1e-5, error
 
 
+@pytest.mark.parametrize("fp32_side", ["left", "right"])
+def test_mixed_bf16_fp32_products_keep_fp32_accuracy(fp32_side):
+    """flash's d × d terms (x·K_PᵀK_P, Xᵀ·diag(s)·X, K_P·moment) multiply bf16 activations by an fp32 statistic
+    on the tensor cores, the fp32 operand split into bf16 hi + lo (flash.mixed_addmm): the result stays within
+    2·10⁻⁵ of the exact product (the split's own error is ~2.5·10⁻⁶ here), where rounding the statistic to bf16
+    is off by ~2·10⁻³; and alpha = -1 subtracts, in place."""
+    from megatron.model.pattention.flash import mixed_addmm
+
+    device = torch.device("cuda")
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    narrow = torch.randn(512, 384, generator=g).to(torch.bfloat16)
+    wide = torch.randn(384, 256, generator=g) * 10 ** torch.empty(384, 1).uniform_(-2, 2, generator=g)
+    a, b = (wide.t().contiguous(), narrow.t()) if fp32_side == "left" else (narrow, wide)
+    exact = a.double() @ b.double()
+    start = torch.randn(exact.shape, generator=g)
+    target = start.to(device)
+    mixed_addmm(target, a.to(device), b.to(device), alpha=-1)
+    expected = start.double() - exact
+    error = (target.double().cpu() - expected).norm() / expected.norm()
+    assert error < 2e-5, error
+
+
 def training_losses(impl: str, device: str, steps: int = 20) -> list[float]:
     """Losses of `steps` bf16 AdamW steps of a 2-layer model at the 150M config's width (d 768, 12 heads, its
     slot numbers; sequences of 512, a 1024-token vocabulary) over 4 fixed batches, from fixed initial weights."""

@@ -241,3 +241,16 @@ def test_attention_equals_its_plain_composition(impl, norm_type, pos_emb):
     inputs_ = (x, *attention.parameters())
     for g, e in zip(torch.autograd.grad(fused, inputs_, upstream), torch.autograd.grad(plain, inputs_, upstream)):
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-12)
+
+
+def test_the_bf16_split_of_an_fp32_matrix_keeps_fp32_level_accuracy():
+    """flash's fp32 statistics (Gram matrix, moment) go into bf16 GEMMs as hi + lo (flash._split_bf16): their sum
+    must be within 2⁻¹⁶ of the fp32 matrix, where bf16 alone is off by up to 2⁻⁹; hi must be its bf16 rounding."""
+    from megatron.model.pattention.flash import _split_bf16
+
+    t = torch.randn(300, 70, generator=torch.Generator().manual_seed(5)) * torch.logspace(-6, 6, 70)
+    hi, lo = _split_bf16(t)
+    assert hi.dtype == lo.dtype == torch.bfloat16 and torch.equal(hi, t.to(torch.bfloat16))
+    error = ((hi.double() + lo.double() - t.double()).abs() / t.double().abs()).max()
+    assert error < 2**-16, error
+    assert ((hi.double() - t.double()).abs() / t.double().abs()).max() > 2**-12  # what lo corrects

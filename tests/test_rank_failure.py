@@ -24,6 +24,7 @@ def test_failing_rank_ends_a_hostfile_launch_within_seconds(demo_data, tmp_path,
     assert "--include localhost:0,2 --hostfile" in result.stdout
     assert "note: num_gpus has no effect here: include/exclude choose the slots" in result.stdout
     assert_ranks_joined(result, world_size=2)
+    assert result.stdout.count("deterministic kernels False, cuBLAS workspace None") == 2  # the default
     assert_job_ended_promptly(result, failed_rank=1)
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("deepy.py: tests/scripts/rank_check.py failed (the launcher exited "), last_line

@@ -33,7 +33,9 @@ def main() -> None:
     dist.all_reduce(ranks)
     assert ranks.item() == world * (world - 1) // 2, ranks.item()
     local_rank, master = os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"]
-    print(f"rank {rank} of {world}: local rank {local_rank}, master {master}", flush=True)
+    print(f"rank {rank} of {world}: local rank {local_rank}, master {master}, deterministic kernels "
+          f"{torch.are_deterministic_algorithms_enabled()}, cuBLAS workspace "
+          f"{os.environ.get('CUBLAS_WORKSPACE_CONFIG')}", flush=True)
     if os.environ.get("FAIL_RANK") == str(rank):
         raise RuntimeError(f"rank {rank} fails on purpose at {time.time():.3f}")
     if os.environ.get("KILL_RANK") == str(rank):

@@ -52,41 +52,90 @@ def _key_tiles(count: int) -> list[slice]:
     return [slice(start, min(start + KEY_TILE, count)) for start in range(0, count, KEY_TILE)]
 
 
-_WIDE_OUTPUT_MATMUL: dict[tuple[str, torch.dtype], bool] = {}
+_PROBES: dict[tuple[str, str, torch.dtype], bool] = {}
+
+
+def _probe(name: str, device: torch.device, dtype: torch.dtype, check) -> bool:
+    """check(2 × 2 ones in `dtype` on `device`), once per (name, device type, dtype); False where torch refuses."""
+    key = (name, device.type, dtype)
+    if key not in _PROBES:
+        try:
+            _PROBES[key] = bool(check(torch.ones(2, 2, dtype=dtype, device=device)))
+        except (RuntimeError, TypeError, NotImplementedError):
+            _PROBES[key] = False
+    return _PROBES[key]
 
 
 def wide_output_matmul(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether torch multiplies `dtype` (bf16/fp16) matrices on `device` straight into fp32
-    (torch.mm(..., out_dtype=torch.float32): CUDA in recent torch; not on a CPU). Probed once per device type."""
-    key = (device.type, dtype)
-    if key not in _WIDE_OUTPUT_MATMUL:
-        probe = torch.ones(2, 2, dtype=dtype, device=device)
-        try:
-            _WIDE_OUTPUT_MATMUL[key] = torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
-        except (RuntimeError, TypeError, NotImplementedError):
-            _WIDE_OUTPUT_MATMUL[key] = False
-    return _WIDE_OUTPUT_MATMUL[key]
+    (torch.mm(..., out_dtype=torch.float32): CUDA in recent torch; not on a CPU)."""
+    return _probe("mm", device, dtype, lambda one: torch.mm(one, one, out_dtype=torch.float32).dtype == torch.float32)
 
 
-def accumulate(target: Tensor, a: Tensor, b: Tensor) -> None:
-    """target += a·b, target in at least fp32 (a and b may be bf16/fp16): where torch offers it, the product
+def _wide_output_addmm(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch.addmm(t, a, b, out_dtype=fp32, out=t) adds a `dtype` product into fp32 `t` in place: the GEMM
+    adds it as it writes, with no fp32 product made and added in a second pass."""
+    def check(one: Tensor) -> bool:
+        target = torch.ones(2, 2, device=one.device)
+        torch.addmm(target, one, one, out_dtype=torch.float32, alpha=-1, out=target)
+        return bool((target == -1).all())
+    return _probe("addmm", device, dtype, check)
+
+
+def accumulate(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1) -> None:
+    """target += alpha·a·b, target in at least fp32 (a and b may be bf16/fp16): where torch offers it, the product
     comes out in fp32 too, instead of each tile's product being rounded to bf16 before the sum."""
     if target.dtype == a.dtype:
-        target.addmm_(a, b)
+        target.addmm_(a, b, alpha=alpha)
+    elif target.is_contiguous() and _wide_output_addmm(a.device, a.dtype):
+        torch.addmm(target, a, b, out_dtype=target.dtype, alpha=alpha, out=target)
     elif wide_output_matmul(a.device, a.dtype):
-        target.add_(torch.mm(a, b, out_dtype=target.dtype))
+        target.add_(torch.mm(a, b, out_dtype=target.dtype), alpha=alpha)
     else:
-        target.add_(torch.mm(a, b))
+        target.add_(torch.mm(a, b), alpha=alpha)
+
+
+def _split_bf16(t: Tensor) -> tuple[Tensor, Tensor]:
+    """fp32 t as hi + lo, both bf16: their sum is t to about 2⁻¹⁷ relative (fp32: 2⁻²⁴; bf16 alone: 2⁻⁹)."""
+    hi = t.to(torch.bfloat16)
+    return hi, (t - hi.float()).to(torch.bfloat16)
+
+
+def mixed_addmm(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1) -> None:
+    """target += alpha·a·b to fp32 accuracy, target in at least fp32, where a or b holds the activations' values
+    (bf16 in a bf16 model) and the other is an fp32 statistic (a Gram matrix, a moment, row-scaled inputs).
+    Where torch multiplies bf16 into fp32, the fp32 operand goes in as hi + lo (_split_bf16): two bf16 GEMMs on
+    the tensor cores instead of one fp32 GEMM that runs an order of magnitude slower (on an H200, the d × d terms
+    in fp32 took half of flash's time). Elsewhere, and for fp32/fp64 models, one GEMM in at least fp32."""
+    narrow = a if a.dtype == torch.bfloat16 else b if b.dtype == torch.bfloat16 else None
+    if narrow is None or target.dtype != torch.float32 or not wide_output_matmul(narrow.device, narrow.dtype):
+        target.addmm_(at_least_fp32(a), at_least_fp32(b), alpha=alpha)
+        return
+    if a.dtype == b.dtype:
+        accumulate(target, a, b, alpha)
+        return
+    for part in _split_bf16(b if narrow is a else a.float()):
+        accumulate(target, *((a, part) if narrow is a else (part, b)), alpha)
 
 
 def _gram(key: Tensor) -> Tensor:
     """K_Pᵀ·K_P [d_in, d_in] in at least fp32: ‖x·K_Pᵀ‖² = x·(K_PᵀK_P)·xᵀ without the scores. Summed tile by
-    tile, so that appended zero keys (growth) add exact zeros to the old tiles' sum."""
-    key = at_least_fp32(key)
-    gram = key.new_zeros(key.shape[1], key.shape[1])
+    tile, so that appended zero keys (growth) add exact zeros to the old tiles' sum. A bf16 key's products are
+    exact in fp32: where torch multiplies bf16 into fp32, the key stays bf16 (tensor cores)."""
+    if not (key.dtype == torch.bfloat16 and wide_output_matmul(key.device, key.dtype)):
+        key = at_least_fp32(key)
+    gram = torch.zeros(key.shape[1], key.shape[1], dtype=torch.promote_types(key.dtype, torch.float32),
+                       device=key.device)
     for j in _key_tiles(len(key)):
-        gram.addmm_(key[j].t(), key[j])
+        accumulate(gram, key[j].t(), key[j])
     return gram
+
+
+def _times_gram(x: Tensor, gram: Tensor) -> Tensor:
+    """x·(K_PᵀK_P) in at least fp32."""
+    product = torch.zeros(len(x), gram.shape[1], dtype=gram.dtype, device=x.device)
+    mixed_addmm(product, x, gram)
+    return product
 
 
 def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, theta: str, tiles: ModuleType,
@@ -99,7 +148,7 @@ def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, theta: str, t
         gram = _gram(key)
         statistic = torch.empty(len(x), 1, dtype=acc_dtype, device=x.device)
         for r in rows:
-            statistic[r] = row_dot(torch.mm(at_least_fp32(x[r]), gram), x[r])
+            statistic[r] = row_dot(_times_gram(x[r], gram), x[r])
         statistic = reduce_sum(statistic)
         del gram
         row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
@@ -178,11 +227,11 @@ def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Te
         scale = reduce_sum(dot).mul_(live).div_(n).mul_(row)
         gram = _gram(key)
         for r in rows:
-            grad_x[r].addmm_(at_least_fp32(x[r]) * scale[r], gram, alpha=-1)
+            grad_x[r].sub_(_times_gram(x[r], gram).mul_(scale[r]))
         moment = gram.zero_()
         for r in rows:
-            moment.addmm_((at_least_fp32(x[r]) * scale[r]).t(), at_least_fp32(x[r]))
-        grad_key.addmm_(at_least_fp32(key), moment, alpha=-1)
+            mixed_addmm(moment, (at_least_fp32(x[r]) * scale[r]).t(), x[r])
+        mixed_addmm(grad_key, key, moment, alpha=-1)
     return grad_key.to(key.dtype), grad_value.to(value.dtype)
 
 
