@@ -171,6 +171,10 @@ def long_document_pieces(text: str, size: int | None = None, drop_space: bool = 
 
 
 _worker_encoder: DocumentEncoder | None = None
+# Workers start as fresh interpreters: fork copies whatever locks the parent's other threads hold at that moment
+# (tqdm's monitor, a tokenizer's thread pool, OpenMP's), and a worker that inherits one held waits forever (a
+# 2-worker run once stalled at 0 % under load). The encoder travels pickled.
+_POOL_CONTEXT = multiprocessing.get_context("spawn")
 
 
 def _init_worker(encoder: DocumentEncoder, parent_pid: int) -> None:
@@ -222,7 +226,7 @@ def _encoded_chunks(
     # One tokenizer thread per worker: the workers already use every core we were given.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     window = 4 * workers
-    with multiprocessing.Pool(workers, initializer=_init_worker, initargs=(encoder, os.getpid())) as pool:
+    with _POOL_CONTEXT.Pool(workers, initializer=_init_worker, initargs=(encoder, os.getpid())) as pool:
         pending = None
         while batch := list(itertools.islice(chunks, window)):
             queued = pool.imap(_encode_in_worker, batch)
