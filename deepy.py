@@ -7,7 +7,8 @@ Config files merge left to right; `key=value` arguments override single keys
 (the value is read as YAML: `train_iters=100`, `optimizer={type: Adam, params: {lr: 0.001}}`).
 Everything is checked here, before any process starts: the config, the
 hostfile and include/exclude, the launcher's tools and ssh reachability, and
-the files the run reads (launch/preflight.py). The config is printed once and
+the files the run reads (launch/preflight.py). The config is printed once, with a warning per optimizer or data
+key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.py), and
 passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
 stops (launch/supervise.py). On this machine, the shared-memory buffers DeepSpeed's
 CPU collectives leave on master_port are removed (host/shm_buffers.py), and DeepSpeed's compiled op is
@@ -26,7 +27,9 @@ from pathlib import Path
 
 from megatron.config import ConfigError, inactive_keys, slow_keys
 from megatron.config.argument import encode_config
+from megatron.config.run_inputs import INFERENCE_SCRIPTS
 from megatron.config.validate import raise_if_any
+from megatron.formats.deepspeed.changed_settings import resume_warnings
 from megatron.host.extension_cache import compile_note, remove_stale_build_locks, use_environment_cache
 from megatron.host.shm_buffers import remove_port_buffers
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size
@@ -70,6 +73,9 @@ def main(argv: list[str]) -> int:
         print(f"note: {key} has no effect here: {reason}", flush=True)
     for key, why in slow_keys(cfg, device):
         print(f"note: {key}: {why}", flush=True)
+    if Path(script).name not in INFERENCE_SCRIPTS:
+        for warning in resume_warnings(cfg):
+            print(f"warning: {warning}", flush=True)
     if launches_here(cfg, slots) and (note := compile_note(cache, device)):
         print(note, flush=True)
     command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
