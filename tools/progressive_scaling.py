@@ -19,6 +19,9 @@ next one starts from its final checkpoint grown by tools/grow_checkpoint.py (--r
 fresh warmup and schedule), scored first, so its metrics begin with the grown model's validation loss.
 Re-running the same command continues: done stages are skipped, a stage in progress resumes from its latest
 checkpoint, an interrupted growth is redone. work_dir/final points at the last stage's checkpoints at the end.
+Each stage is pinned when it starts (work_dir/NAME/lineage.json: its resolved config, growth mode and source
+checkpoint): a re-run that finds the plan or its config files changed for a started stage refuses, naming the
+key, or with --redo-changed redoes that stage and every stage after it (grown and scored anew).
 Paths in the plan are relative to the current directory; run from the repository root for --slurm.
 """
 
@@ -33,13 +36,13 @@ from pathlib import Path
 from megatron.config import ConfigError
 from megatron.progressive.commands import REPO, shown
 from megatron.progressive.dry_run import stage_table, step_commands
+from megatron.progressive.lineage_check import REDO_FLAG, prepare_stages
 from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.processes import Interrupted, StepFailed
-from megatron.progressive.progress import FINISH, GROW, Step, pending_steps, retract_stale_final
-from megatron.progressive.slurm import submit_chain
+from megatron.progressive.progress import FINISH, GROW, pending_steps, retract_stale_final
+from megatron.progressive.slurm import refuse_active_jobs, submit_chain
 from megatron.progressive.stage_config import ResolvedStage, resolve_plan
-from megatron.progressive.stage_file import prepare_stage_files
 from megatron.progressive.status import status_lines
 
 
@@ -52,6 +55,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="an sbatch option for every job of the chain, after the driver's own (repeatable), "
                         "e.g. --sbatch-option=--partition=gpu or --sbatch-option=--gpus-per-node=0 on a CPU cluster")
     parser.add_argument("--status", action="store_true", help="one line per stage (and its jobs); run nothing")
+    parser.add_argument(REDO_FLAG, action="store_true",
+                        help="redo a started stage whose config, growth mode or source changed since it started "
+                        "(the shared config files or the plan edited), and every stage after it, instead of refusing; "
+                        "their directories are moved to work_dir/replaced/")
     parser.add_argument("--quiet", action="store_true", help="run locally without echoing each step's output")
     parser.add_argument("--step", choices=(GROW, FINISH), help=argparse.SUPPRESS)  # a SLURM chain's step jobs
     parser.add_argument("--stage", help=argparse.SUPPRESS)
@@ -70,9 +77,13 @@ def _resolve(args: argparse.Namespace) -> tuple[Plan, list[ResolvedStage]]:
         return plan, resolve_plan(plan, slurm=args.slurm or args.status or args.step is not None)
 
 
-def submit(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], args: argparse.Namespace) -> int:
+def submit(plan: Plan, resolved: list[ResolvedStage], args: argparse.Namespace) -> int:
     hold_work_dir(plan)
-    prepare_stage_files(plan)
+    refuse_active_jobs(plan)  # before a redo moves a stage a job may be writing
+    redone = prepare_stages(plan, resolved, args.redo_changed)
+    for stage, moved in redone:
+        print(f"{stage.name}: redone from scratch; its earlier directory is now {moved}")
+    steps = pending_steps(plan, resolved)
     if not steps:
         print(f"nothing to do: the plan is complete ({plan.final})")
         return 0
@@ -93,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.status:
             print("\n".join(status_lines(plan, resolved)))
             return 0
-        steps = pending_steps(plan, resolved)
         if args.dry_run:
+            steps = pending_steps(plan, resolved)
             mode = "a SLURM job chain" if args.slurm else "this machine"
             print(f"plan {plan.path}: {len(resolved)} stages in {plan.work_dir}, on {mode}\n")
             print("\n".join(stage_table(resolved)))
@@ -103,8 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                   args.sbatch_option)))
             return 0
         if args.slurm:
-            return submit(plan, resolved, steps, args)
-        run_plan(plan, resolved, echo=not args.quiet)
+            return submit(plan, resolved, args)
+        run_plan(plan, resolved, echo=not args.quiet, redo=args.redo_changed)
         return 0
     except (ConfigError, StepFailed, OSError) as error:
         print(f"progressive_scaling.py: error: {error}", file=sys.stderr)

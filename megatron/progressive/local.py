@@ -3,7 +3,8 @@
 One driver per work_dir at a time (a lock like a run's save directory). Before a stage trains, the driver waits
 for an earlier run of it that is still stopping (a driver killed mid-stage stops its ranks, which save first)
 to let go of the stage's save directory. After a growth is scored it prints the growth check: with
-growth_mode preserve the grown model's validation loss is the previous stage's last.
+growth_mode preserve the grown model's validation loss is the previous stage's last. Before each step the stage
+is resolved afresh and held to its lineage (lineage_check.py): a config file edited while the plan runs stops it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free, hold_save_directory
 from megatron.progressive.commands import evaluate_command, grow_command, source_tag, train_command
+from megatron.progressive.lineage_check import check_unchanged, prepare_stages
 from megatron.progressive.plan import Plan, Stage
 from megatron.progressive.processes import run_step
 from megatron.progressive.progress import (
@@ -29,8 +31,7 @@ from megatron.progressive.progress import (
     publish_final,
     retract_stale_final,
 )
-from megatron.progressive.stage_config import ResolvedStage
-from megatron.progressive.stage_file import prepare_stage_files
+from megatron.progressive.stage_config import ResolvedStage, resolve_plan
 
 SAVE_DIRECTORY_WAIT_SECONDS = 300
 RELATIVE_TOLERANCE = 1e-5  # growth_mode preserve: the grown model's loss is the source's up to rounding
@@ -122,6 +123,7 @@ def run_single_step(plan: Plan, resolved: list[ResolvedStage], kind: str, stage_
     if stage_name not in by_name:
         raise plan.error(f"--stage {stage_name!r} is not a stage of the plan ({', '.join(by_name)})")
     stage = by_name[stage_name].stage
+    check_unchanged(plan, resolved, plan.stages)  # the job re-read the plan: it must be the one submitted
     before = plan.previous(stage) if kind == GROW else stage
     if before is None:
         raise plan.error(f"{stage.where()} is the first stage: it is trained from scratch, not grown")
@@ -135,14 +137,17 @@ def run_single_step(plan: Plan, resolved: list[ResolvedStage], kind: str, stage_
     _run(plan, by_name, Step(kind, stage), echo=True)
 
 
-def run_plan(plan: Plan, resolved: list[ResolvedStage], echo: bool = True) -> None:
-    """Do every pending step of `plan` here, in order (StepFailed, Interrupted or PlanError stop it)."""
+def run_plan(plan: Plan, resolved: list[ResolvedStage], echo: bool = True, redo: bool = False) -> None:
+    """Do every pending step of `plan` here, in order (StepFailed, Interrupted or PlanError stop it); `redo`:
+    redo a started stage whose lineage changed, and the stages after it, instead of refusing."""
     hold_work_dir(plan)
-    prepare_stage_files(plan)
+    for stage, moved in prepare_stages(plan, resolved, redo):
+        _say(f"{stage.name}: redone from scratch; its earlier directory is now {moved}")
     steps = pending_steps(plan, resolved)
     if not steps:
         _say(f"nothing to do: the plan is complete ({plan.final} -> {plan.checkpoints(plan.stages[-1])})")
     retract_stale_final(plan, steps)
     by_name = {entry.stage.name: entry for entry in resolved}
     for step in steps:
+        check_unchanged(plan, resolve_plan(plan), [step.stage])
         _run(plan, by_name, step, echo)

@@ -113,14 +113,19 @@ def describe_chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step],
     return lines
 
 
-def submit_chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], user_options: list[str]) -> list[dict]:
-    """Submit the chain from the repository root; the jobs submitted, each recorded in slurm_jobs.jsonl."""
+def refuse_active_jobs(plan: Plan) -> None:
+    """PlanError while jobs of an earlier submission are queued or running."""
     running = active_jobs(plan)
     if running:
         listed = ", ".join(f"{job['job']} ({job['stage']} {job['step']}, {state})" for job, state in running)
         raise plan.error(f"jobs of an earlier submission are still queued or running: {listed}; follow them with "
                          f"--status, or cancel them (scancel {' '.join(job['job'] for job, _ in running)}) to "
                          "submit again")
+
+
+def submit_chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], user_options: list[str]) -> list[dict]:
+    """Submit the chain from the repository root; the jobs submitted, each recorded in slurm_jobs.jsonl."""
+    refuse_active_jobs(plan)
     submitted, dependency = [], None
     plan.work_dir.mkdir(parents=True, exist_ok=True)
     for step, arguments in chain(plan, resolved, steps, user_options):

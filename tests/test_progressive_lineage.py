@@ -1,0 +1,124 @@
+"""tools/progressive_scaling.py pins each stage when it starts (work_dir/NAME/lineage.json): a re-run that finds the
+shared config files or the plan changed for a started stage refuses, naming the key and both values, or with
+--redo-changed redoes that stage and those after it, grown and scored anew; a SLURM chain's step job, which
+re-reads the plan, refuses a plan changed since the submission (megatron/progressive/lineage*.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megatron.progressive.lineage_check import check_unchanged, prepare_stages
+from megatron.progressive.plan import PlanError, read_plan
+from megatron.progressive.stage_config import resolve_plan
+from tests.conftest import REPO
+from tests.test_progressive_scaling import DRIVER, GROWN, TOLERANCE, run_driver, stage_records, two_stages, write_plan
+
+
+def driver(plan: Path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DRIVER), str(plan), "--quiet", *options], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def finished(demo_data, tmp_path_factory) -> Path:
+    """A two-stage plan run to its end (s1: 4 iterations, s2 grown from it: 6); its work_dir."""
+    directory = tmp_path_factory.mktemp("pinned")
+    run_driver(write_plan(directory, demo_data, two_stages()))
+    return directory / "work"
+
+
+def copy_of(finished: Path, directory: Path, demo_data: Path, stages: list[dict], **shared: object) -> Path:
+    """A plan over a copy of the finished work_dir, with `stages` and the shared keys `shared`."""
+    shutil.copytree(finished, directory / "work", symlinks=True)
+    return write_plan(directory, demo_data, stages, **shared)
+
+
+def lineage(work: Path, stage: str) -> dict:
+    return json.loads((work / stage / "lineage.json").read_text())
+
+
+@pytest.mark.slow
+def test_each_stage_is_pinned_with_its_resolved_config_growth_mode_and_source(finished):
+    first, second = lineage(finished, "s1"), lineage(finished, "s2")
+    assert (first["grown_from"], first["growth_mode"]) == (None, None)
+    assert (second["grown_from"], second["growth_mode"]) == ("s1@global_step4", "preserve")
+    assert second["config"]["qkv_slot_num"] == GROWN["qkv_slot_num"] and second["config"]["weight_decay"] == 0.1
+    assert second["config"]["train_iters"] == 6 and not {"save", "load", "log_dir"} & second["config"].keys()
+
+
+@pytest.mark.slow
+def test_a_shared_config_edit_refuses_started_stages_and_their_step_jobs(finished, demo_data, tmp_path):
+    unchanged = copy_of(finished, tmp_path / "unchanged", demo_data, two_stages())
+    os.unlink(tmp_path / "unchanged" / "work" / "final")
+    published = driver(unchanged, "--step", "finish", "--stage", "s2")  # resolved as a SLURM job, not refused
+    assert published.returncode == 0, published.stdout + published.stderr
+
+    plan = copy_of(finished, tmp_path / "edited", demo_data, two_stages(), weight_decay=0.01)
+    refused = driver(plan)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert (f"stage 's1' (stages[0]) was started from other settings than the plan and its config files give now "
+            f"({tmp_path}/edited/work/s1/lineage.json): config.weight_decay: recorded 0.1, now 0.01. Restore them to "
+            "continue the stage, or run again with --redo-changed to redo it and the stage(s) grown from it (s2): "
+            f"their directories are moved to {tmp_path}/edited/work/replaced/") in refused.stderr
+    assert not (tmp_path / "edited" / "work" / "replaced").exists()
+    step = driver(plan, "--step", "finish", "--stage", "s2")
+    assert step.returncode == 2 and ("stage 's1' (stages[0]): the plan or its config files changed since the stage "
+                                     "was pinned") in step.stderr
+    assert "config.weight_decay: recorded 0.1, now 0.01" in step.stderr
+
+
+@pytest.mark.slow
+def test_redo_changed_redoes_the_changed_stage_grown_and_scored_anew(finished, demo_data, tmp_path):
+    plan = copy_of(finished, tmp_path, demo_data, two_stages(second_iters=8))
+    work = tmp_path / "work"
+    refused = driver(plan)
+    assert refused.returncode == 2 and "stage 's2' (stages[1]) was started from other settings" in refused.stderr
+    assert "config.train_iters: recorded 6, now 8" in refused.stderr and "(s2)" not in refused.stderr
+
+    redone = run_driver(plan, "--redo-changed")
+    assert f"s2: redone from scratch; its earlier directory is now {work}/replaced/s2-" in redone.stdout
+    assert "s1: train" not in redone.stdout and "s2: grow s1's global_step4" in redone.stdout
+    assert "s2: score the grown checkpoint" in redone.stdout
+    (old,) = (work / "replaced").iterdir()
+    assert (old / "checkpoints" / "latest").read_text().strip() == "global_step6"
+    _, first_valid = stage_records(work, "s1")
+    train, valid = stage_records(work, "s2")
+    assert abs(valid[0] - first_valid[max(first_valid)]) <= TOLERANCE * abs(valid[0])  # the re-scored growth
+    assert max(train) == 8 and (work / "final" / "latest").read_text().strip() == "global_step8"
+    assert lineage(work, "s2")["config"]["train_iters"] == 8
+    assert "nothing to do" in run_driver(plan).stdout
+
+
+def test_a_step_job_refuses_a_plan_changed_since_the_submission(demo_data, tmp_path):
+    plan_path = write_plan(tmp_path, demo_data, two_stages())
+    plan = read_plan(plan_path)
+    prepare_stages(plan, resolve_plan(plan, slurm=True))  # what --slurm pins before submitting the chain
+    content = yaml.safe_load(plan_path.read_text())
+    content["stages"][1]["ffn_slot_num"] = 1024
+    plan_path.write_text(yaml.safe_dump(content))
+    step = driver(plan_path, "--step", "grow", "--stage", "s2")
+    assert step.returncode == 2, step.stdout + step.stderr
+    assert ("stage 's2' (stages[1]): the plan or its config files changed since the stage was pinned "
+            f"({tmp_path}/work/s2/lineage.json): config.ffn_slot_num: recorded 512, now 1024. Restore them, or run "
+            "tools/progressive_scaling.py again (with --redo-changed to redo a stage that has started)") in step.stderr
+    assert not (tmp_path / "work" / "s2" / "checkpoints").exists()
+
+
+def test_a_config_file_edited_while_the_plan_runs_stops_the_next_step(demo_data, tmp_path):
+    plan = read_plan(write_plan(tmp_path, demo_data, two_stages()))
+    prepare_stages(plan, resolve_plan(plan))
+    check_unchanged(plan, resolve_plan(plan), plan.stages)  # resolved afresh, nothing changed
+    shared = plan.configs[-1]
+    shared.write_text(yaml.safe_dump({**yaml.safe_load(shared.read_text()), "seed": 7}))
+    with pytest.raises(PlanError) as error:
+        check_unchanged(plan, resolve_plan(plan), plan.stages)
+    assert "stage 's1' (stages[0]): the plan or its config files changed" in str(error.value)
+    assert "config.seed: recorded 1234, now 7" in str(error.value)
