@@ -1,5 +1,6 @@
 """tools/model_summary.py and the counts/FLOPs behind it, checked against the configs and a real model."""
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -67,10 +68,12 @@ def test_meta_count_equals_a_materialised_model_and_the_closed_form(overrides):
     assert counts["total_params"] == closed_form
 
 
-def test_forward_flops_match_a_flop_counter_and_recompute_adds_one_layer_forward():
+@pytest.mark.parametrize("model_type", ["tokenformer", "transformer"])
+def test_forward_flops_match_a_flop_counter_and_recompute_adds_one_layer_forward(model_type):
     # The formula counts the model's FLOPs (MFU's convention); the fused node runs exactly those GEMMs, while
-    # flash adds its Gram matrix, slope accumulator and, in backward, recomputation.
-    args = tiny_args(pattention_impl="fused")
+    # flash adds its Gram matrix, slope accumulator and, in backward, recomputation. The dense baseline: its
+    # linear layers' GEMMs (biases are element-wise, not counted).
+    args = tiny_args(pattention_impl="fused", model_type=model_type)
     model = TokenFormerModel(args)
     batch = 2
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:  # math path: countable bmm
@@ -81,3 +84,22 @@ def test_forward_flops_match_a_flop_counter_and_recompute_adds_one_layer_forward
     logits_per_token = 2 * args.hidden_size * args.padded_vocab_size
     recompute = flops_per_token(args, include_recompute=True) - flops_per_token(args, include_recompute=False)
     assert recompute == forward_per_token - logits_per_token
+
+
+def test_a_tokenformer_summary_gives_the_dense_baseline_of_equal_size(capsys):
+    summary = run_tool(capsys, REPO / "configs" / "450M.yml", "--json")
+    args = TokenFormerArgs(padded_vocab_size=50304, hidden_size=1024, num_layers=24, num_attention_heads=16,
+                           qkv_slot_num=None, proj_slot_num=None, ffn_slot_num=None, seq_length=2048,
+                           model_type="transformer")
+    assert summary["dense_same_shape_params"] == count_parameters_by_component(
+        TokenFormerModel(args, device="meta"))["total_params"]
+    heads = summary["dense_equal_params_num_attention_heads"]
+    assert summary["dense_equal_params_hidden_size"] == 64 * heads
+    assert abs(summary["dense_equal_params"] / summary["total_params"] - 1) < 0.05
+
+    def total(h):
+        return count_parameters_by_component(TokenFormerModel(
+            dataclasses.replace(args, hidden_size=64 * h, num_attention_heads=h), device="meta"))["total_params"]
+    gap = abs(summary["dense_equal_params"] - summary["total_params"])
+    assert gap == abs(total(heads) - summary["total_params"])
+    assert gap <= min(abs(total(h) - summary["total_params"]) for h in (heads - 1, heads + 1))

@@ -58,6 +58,7 @@ def _stage_parameters(tensor_size: int, pipe_size: int, overrides: dict, partiti
     (2, 2, {}, "type:transformer|mlp"),
     (1, 2, {"no_weight_tying": True, "pos_emb": "learned", "norm": "layernorm"}, "parameters"),
     (1, 3, {}, "uniform"),
+    (2, 2, {"model_type": "transformer"}, "type:transformer|mlp"),
 ])
 @pytest.mark.slow
 def test_stages_hold_exactly_the_single_stage_models_parameters(tensor_size, pipe_size, overrides, partition_method):

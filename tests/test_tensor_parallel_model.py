@@ -1,5 +1,6 @@
 """TokenFormer at tensor-parallel sizes 2 and 4 against the single-rank model: same logits, loss and
-gradients (gathered over the ranks) within 1e-5 relative in fp32, for every Θ; real gloo processes."""
+gradients (gathered over the ranks) within 1e-5 relative in fp32, for every Θ, and the dense Transformer
+baseline; real gloo processes."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ CASES = {
     "softmax": dict(norm_activation_type="softmax"),
     "untied_learned_affine": dict(no_weight_tying=True, pos_emb="learned", norm="layernorm"),
     "checkpointed": dict(checkpoint_activations=True, output_layer_init_method="normal"),
+    "dense_transformer": dict(model_type="transformer"),  # column/row-parallel linear layers (model/dense.py)
 }
 
 

@@ -53,6 +53,9 @@ def export_official(checkpoint: Path, save: Path, config: Path | None = None) ->
     if save.exists():
         raise FileExistsError(f"{save} exists: remove it or give another --save (export does not overwrite)")
     state, cfg = read_state(checkpoint, config)
+    if cfg.model_type != "tokenformer":
+        raise ValueError(f"{checkpoint} holds a model_type {cfg.model_type} model; the official release's layout "
+                         "holds TokenFormers only")
     official = to_official(state, cfg.num_layers, cfg.pattention_tau)
     save.parent.mkdir(parents=True, exist_ok=True)
     partial = save.with_name(save.name + ".partial")

@@ -2,6 +2,10 @@
 
     python tools/model_summary.py configs/150M.yml [more.yml ...] [--vocab-size N] [--json]
 
+For a TokenFormer it also prints the dense Transformer baseline's count (model_type: transformer) at the same
+width and depth, and the dense width (heads of the same size) whose count is nearest the TokenFormer's at the
+same depth: the baseline config of equal parameter count for the paper's comparison.
+
 Later config files override earlier ones. The model is built on the meta device, so even the largest
 configs take no memory. Configs normally leave padded_vocab_size unset (the tokenizer sets it when a run
 starts); the default here is GPT-NeoX-20B's 50277 tokens padded to a multiple of 128.
@@ -9,6 +13,7 @@ starts); the default here is GPT-NeoX-20B's 50277 tokens padded to a multiple of
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -28,11 +33,35 @@ def summarize(args: TokenFormerArgs) -> dict[str, int]:
     return summary
 
 
+def _total(args: TokenFormerArgs) -> int:
+    return count_parameters_by_component(TokenFormerModel(args, device="meta"))["total_params"]
+
+
+def dense_counterparts(args: TokenFormerArgs) -> dict[str, int]:
+    """The dense Transformer's total at this width and depth, and the head count (of this head size) whose dense
+    model at this depth comes nearest the TokenFormer's total, with that total."""
+    dense = dataclasses.replace(args, model_type="transformer")
+    target = _total(args)
+
+    def dense_total(heads: int) -> int:
+        return _total(dataclasses.replace(dense, hidden_size=heads * args.head_dim, num_attention_heads=heads))
+
+    heads = min(range(1, 4 * args.num_attention_heads + 1), key=lambda h: abs(dense_total(h) - target))
+    return {"dense_same_shape_params": _total(dense), "dense_equal_params_hidden_size": heads * args.head_dim,
+            "dense_equal_params_num_attention_heads": heads, "dense_equal_params": dense_total(heads)}
+
+
 def _print_table(summary: dict[str, int]) -> None:
     for name, value in summary.items():
         if name == "flops_per_token":
             print(f"{'training FLOPs per token':<26}{value / 1e9:>12.3f} G")
-        else:
+        elif name == "dense_same_shape_params":
+            print(f"dense Transformer, same width and depth: {value:,d} ({value / 1e6:.1f}M)")
+        elif name == "dense_equal_params":
+            print(f"dense Transformer of equal parameter count at this depth: hidden_size "
+                  f"{summary['dense_equal_params_hidden_size']}, num_attention_heads "
+                  f"{summary['dense_equal_params_num_attention_heads']}: {value:,d} ({value / 1e6:.1f}M)")
+        elif not name.startswith("dense_equal_params_"):
             print(f"{name:<26}{value:>14,d}  ({value / 1e6:.1f}M)")
 
 
@@ -47,7 +76,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed, imported by config checks, logs to stdout
         cfg = load_config(options.configs)
     vocab_size = options.vocab_size or cfg.padded_vocab_size or DEFAULT_PADDED_VOCAB_SIZE
-    summary = summarize(TokenFormerArgs.from_config(cfg, padded_vocab_size=vocab_size))
+    args = TokenFormerArgs.from_config(cfg, padded_vocab_size=vocab_size)
+    summary = summarize(args)
+    if args.model_type == "tokenformer":
+        summary.update(dense_counterparts(args))
     if options.json:
         print(json.dumps(summary))
     else:

@@ -91,17 +91,22 @@ _INIT_METHODS = (
 )
 
 _MODEL = (
+    Key("model_type", str, "tokenformer", "model",
+        "tokenformer: every projection a Pattention; transformer: the dense baseline, GPT-NeoX's layer (linear "
+        "Q/K/V and output projections, a 4 x hidden_size GeLU MLP, with biases) in the same model, norms, rotary, "
+        "vocabulary and trainer; it has no parameter tokens, so the *_slot_num keys do not apply and growth, "
+        "the official format and the TokenFormer HF export refuse it.", choices=("tokenformer", "transformer")),
     Key("num_layers", int, None, "model", "Number of TokenFormer layers.", valid_range=AT_LEAST_ONE, required=True),
     Key("hidden_size", int, None, "model", "Width of the residual stream (token dimension).",
         valid_range=AT_LEAST_ONE, required=True),
     Key("num_attention_heads", int, None, "model", "Token-token attention heads; must divide hidden_size.",
         valid_range=AT_LEAST_ONE, required=True),
-    Key("qkv_slot_num", int, None, "model", "Key/value parameter tokens of the Pattention layers producing Q, K and V.",
-        valid_range=AT_LEAST_ONE, required=True),
-    Key("proj_slot_num", int, None, "model", "Key/value parameter tokens of the attention output Pattention layer.",
-        valid_range=AT_LEAST_ONE, required=True),
-    Key("ffn_slot_num", int, None, "model", "Key/value parameter tokens of the feed-forward Pattention layer.",
-        valid_range=AT_LEAST_ONE, required=True),
+    Key("qkv_slot_num", int, None, "model", "Key/value parameter tokens of the Pattention layers producing Q, K and V "
+        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE),
+    Key("proj_slot_num", int, None, "model", "Key/value parameter tokens of the attention output Pattention layer "
+        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE),
+    Key("ffn_slot_num", int, None, "model", "Key/value parameter tokens of the feed-forward Pattention layer "
+        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE),
     Key("seq_length", int, None, "model", "Tokens per training sample.", valid_range=AT_LEAST_ONE, required=True),
     Key("max_position_embeddings", int, None, "model", "Longest sequence the position encoding supports.",
         valid_range=AT_LEAST_ONE, derived="seq_length when not set"),

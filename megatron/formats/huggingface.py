@@ -221,6 +221,9 @@ def _write_json(path: Path, value: dict) -> None:
 def write_hf_directory(state: dict[str, Tensor], cfg: Config, out: str | Path, max_shard_bytes: int) -> list[str]:
     """Write the model (`state`, whole, as read_state returns it; `cfg` its config) into `out`, a new or empty
     directory, under a temporary name renamed to `out` when complete. Returns what was written, one line each."""
+    if cfg.model_type != "tokenformer":
+        raise ValueError(f"model_type {cfg.model_type}: the Hugging Face export writes TokenFormers (remote code "
+                         "modeling_tokenformer.py); exporting the dense baseline is not implemented")
     out = require_new_or_empty(out, "OUTPUT_DIR")
     padded = state["word_embeddings.weight"].shape[0]
     args = TokenFormerArgs.from_config(cfg, padded_vocab_size=padded, checkpoint_activations=False)
@@ -274,12 +277,14 @@ NAME = "huggingface"
 
 
 def recognises(path: Path) -> bool:
-    """A directory whose config.json has model_type "tokenformer"."""
+    """A directory whose config.json is a Hugging Face TokenFormer's: model_type "tokenformer" and `architectures`
+    (a framework checkpoint's config.json has model_type too, the config key, but no `architectures`)."""
     config_path = path / CONFIG_NAME
     if not (path.is_dir() and config_path.is_file()):
         return False
     try:
-        return json.loads(config_path.read_text(encoding="utf-8")).get("model_type") == MODEL_TYPE
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        return config.get("model_type") == MODEL_TYPE and "architectures" in config
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
         return False
 

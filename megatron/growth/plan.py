@@ -173,6 +173,12 @@ def plan_growth(source: Config, target: Config, slot_overrides: Mapping[str, int
 
     Raises one ConfigError naming every problem.
     """
+    dense = [f"{which} config has model_type {c.model_type}" for which, c in (("the checkpoint's", source),
+                                                                           ("the target", target))
+             if c.model_type != "tokenformer"]
+    if dense:
+        raise ConfigError(f"growth appends parameter tokens to Pattentions, but {' and '.join(dense)}, which has "
+                          "none: grow a TokenFormer (model_type: tokenformer)")
     overrides = {key: value for key, value in (slot_overrides or {}).items() if value is not None}
     unknown = sorted(set(overrides) - set(slot_keys()))
     if unknown:

@@ -8,6 +8,7 @@ from any config object.
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+MODEL_TYPES = ("tokenformer", "transformer")
 POSITION_EMBEDDINGS = ("rotary", "learned", "none")
 LAYER_NORMS = ("layernorm_nonparam", "layernorm")
 NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
@@ -15,14 +16,15 @@ PATTENTION_IMPLS = ("plain", "fused", "flash")
 FLASH_BACKENDS = ("auto", "pytorch", "triton")
 INIT_METHODS = ("normal", "scaled_normal", "wang_init", "small_init", "xavier_normal", "xavier_uniform")
 # Config keys that change the function the weights compute (shapes are checked against the weights).
-ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "qkv_slot_num", "proj_slot_num",
+ARCHITECTURE_KEYS = ("model_type", "num_layers", "hidden_size", "num_attention_heads", "qkv_slot_num", "proj_slot_num",
                      "ffn_slot_num", "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "final_norm",
                      "layernorm_epsilon", "no_weight_tying", "norm_activation_type", "pattention_tau")
 
 
 @dataclass
 class TokenFormerArgs:
-    """Hyper-parameters of a TokenFormer; names and defaults follow GPT-NeoX / the official release.
+    """Hyper-parameters of a TokenFormer (or, with model_type "transformer", of the dense baseline of the same
+    width and depth); names and defaults follow GPT-NeoX / the official release.
 
     `max_position_embeddings=None` means `seq_length` (as in GPT-NeoX); `final_norm=None` means the
     same kind as `norm` (as in the official code).
@@ -32,10 +34,11 @@ class TokenFormerArgs:
     hidden_size: int
     num_layers: int
     num_attention_heads: int
-    qkv_slot_num: int
-    proj_slot_num: int
-    ffn_slot_num: int
+    qkv_slot_num: int | None  # the parameter-token counts: None (unused) for model_type "transformer"
+    proj_slot_num: int | None
+    ffn_slot_num: int | None
     seq_length: int
+    model_type: str = "tokenformer"
     max_position_embeddings: int | None = None
     pos_emb: str = "rotary"
     rotary_pct: float = 1.0
@@ -101,8 +104,11 @@ class TokenFormerArgs:
                                checkpoint_activations=False)
 
     def _validate(self) -> None:
-        positive = ("padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads", "qkv_slot_num",
-                    "proj_slot_num", "ffn_slot_num", "seq_length", "max_position_embeddings", "checkpoint_num_layers")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type={self.model_type!r}: must be one of {MODEL_TYPES}")
+        slots = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num") if self.model_type == "tokenformer" else ()
+        positive = ("padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads", *slots,
+                    "seq_length", "max_position_embeddings", "checkpoint_num_layers")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -38,26 +38,36 @@ class SelfAttention(nn.Module):
 
     def __init__(self, args: TokenFormerArgs, device: str | torch.device | None = None) -> None:
         super().__init__()
-        add_declared_pattentions(self, "attention", args, device)  # query, key, value, proj (spec.py)
+        self._add_projections(args, device)
         self.num_local_heads = split_size(args.num_attention_heads, "num_attention_heads")
         self.rotary_dims = args.rotary_dims
         self.rotary_base = args.rotary_emb_base
         self.attention_dropout = args.attention_dropout
 
+    def _add_projections(self, args: TokenFormerArgs, device: str | torch.device | None) -> None:
+        add_declared_pattentions(self, "attention", args, device)  # query, key, value, proj (spec.py)
+
     def _partial_qkv(self, x: Tensor) -> Tensor:
         """This rank's shares of Q, K and V for x [b, s, d]: [3, b, s, d]."""
         return self.query.run_split([self.query, self.key, self.value], x)
 
+    def _local_heads(self, x: Tensor, cos: Tensor | None, sin: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Replicated x [b, s, d] -> this rank's heads of Q, K, V, each [b, heads / tp, s, head_dim], rotated."""
+        qkv = reduce_scatter_to_region(self._partial_qkv(copy_to_region(x)), dim=-1)  # [3, b, s, d / tp]
+        return _Heads.apply(qkv, self.num_local_heads, cos, sin)
+
+    def _output(self, context: Tensor) -> Tensor:
+        """This rank's heads' context [b, s, d / tp] -> the replicated output [b, s, d]."""
+        return reduce_from_region(self.proj.partial_output(all_gather_to_region(context, dim=-1)))
+
     def forward(self, x: Tensor, cache: LayerKVCache | None = None) -> Tensor:
         """With a `cache`, x holds the tokens after the cached ones: they attend to those too."""
-        x = copy_to_region(x)
-        qkv = reduce_scatter_to_region(self._partial_qkv(x), dim=-1)  # [3, b, s, d / tp]: this rank's heads
         past = 0 if cache is None else cache.length
         cos = sin = None
         if self.rotary_dims:
             cos, sin = rotary_cos_sin(past + x.shape[1], self.rotary_dims, self.rotary_base, x.device)
             cos, sin = cos[past:], sin[past:]
-        query, key, value = _Heads.apply(qkv, self.num_local_heads, cos, sin)
+        query, key, value = self._local_heads(x, cos, sin)
         if cache is not None:
             key, value = cache.extend(key, value)
         mask = causal_mask(query.shape[2], key.shape[2], x.device) if past else None
@@ -65,8 +75,7 @@ class SelfAttention(nn.Module):
             context = F.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, dropout_p=self.attention_dropout if self.training else 0.0,
                 is_causal=mask is None)
-        context = all_gather_to_region(context.transpose(1, 2).flatten(2), dim=-1)
-        return reduce_from_region(self.proj.partial_output(context))
+        return self._output(context.transpose(1, 2).flatten(2))
 
 
 class _Heads(torch.autograd.Function):

@@ -3,6 +3,7 @@
 Forward, per token (a multiply-add counts as 2 FLOPs; element-wise ops, norms and Θ are ignored):
     Pattention d_in -> d_out with n tokens:  2·d_in·n (X·K_Pᵀ) + 2·n·d_out (Θ(·)·V_P)
     per layer:  its Pattentions (spec.py: Q, K, V, proj, FFN), all d -> d,
+                (the dense Transformer, model_type transformer: its linear layers, 2·(3d² + d² + 2·4d²) = 24·d²)
                 + attention 2·2·s·d (scores Q·Kᵀ and context A·V; causal counted in full, as Megatron does)
     logits:     2·d·V
 Training = 3 × forward (backward ≈ 2 × forward). Activation checkpointing recomputes the layers' forward
@@ -18,8 +19,11 @@ def _pattention_flops(input_dim: int, output_dim: int, num_tokens: int) -> int:
 
 
 def layer_pattention_flops_per_token(args: TokenFormerArgs) -> int:
-    """Forward FLOPs of one block's Pattention layers per token: the part parameter tokens scale."""
+    """Forward FLOPs of one block's Pattention layers per token: the part parameter tokens scale (the dense
+    Transformer: its linear layers)."""
     d = args.hidden_size
+    if args.model_type == "transformer":
+        return 2 * (3 * d * d + d * d + 2 * 4 * d * d)
     return sum(_pattention_flops(d, d, getattr(args, spec.slot_key)) for spec in layer_pattentions())
 
 

@@ -26,7 +26,13 @@ from megatron.mpu.initialize import (
     initialize_model_parallel,
     model_parallel_is_initialized,
 )
-from megatron.mpu.layers import VocabParallelEmbedding, VocabParallelOutput, vocab_parallel_logits
+from megatron.mpu.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelOutput,
+    vocab_parallel_logits,
+)
 from megatron.mpu.mappings import (
     all_gather_to_region,
     all_reduce_max,
@@ -50,6 +56,8 @@ from megatron.mpu.topology import pipeline_topology
 
 __all__ = [
     "ParallelLayout",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
     "VocabParallelEmbedding",
     "VocabParallelOutput",
     "all_gather_to_region",

@@ -1,4 +1,5 @@
-"""Vocabulary-parallel input and output layers: rank r holds rows [r·V/t, (r+1)·V/t) of the [V, d] matrix.
+"""Tensor-parallel layers. Vocabulary-parallel input and output layers: rank r holds rows [r·V/t, (r+1)·V/t) of the
+[V, d] matrix. Megatron's column- and row-parallel linear layers, for the dense Transformer baseline.
 
 The vocabulary is padded to a multiple of make_vocab_size_divisible_by × model_parallel_size, so the
 blocks are equal. The output layer leaves the logits split by vocabulary ([..., V/t] on each rank):
@@ -57,3 +58,35 @@ class VocabParallelOutput(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         return vocab_parallel_logits(hidden, self.weight)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x·Wᵀ + b split by output features: rank r holds rows [r·d_out/t, (r+1)·d_out/t) of W [d_out, d_in] and
+    of b, takes the replicated x and returns its block of y. Backward all-reduces x's gradient (copy_to_region)."""
+
+    def __init__(self, input_size: int, output_size: int, device: str | torch.device | None = None) -> None:
+        super().__init__()
+        local = split_size(output_size, f"output features of a {input_size} -> {output_size} layer")
+        self.weight = nn.Parameter(torch.empty(local, input_size, device=device))
+        self.bias = nn.Parameter(torch.empty(local, device=device))
+        mark_split(self.weight, dim=0)
+        mark_split(self.bias, dim=0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(copy_to_region(x), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x·Wᵀ + b split by input features: rank r holds columns [r·d_in/t, (r+1)·d_in/t) of W [d_out, d_in],
+    takes its block of x (a column-parallel layer's output) and all-reduces the partial products into the
+    replicated y; b is replicated, added once after the sum. Megatron's output layers of attention and MLP."""
+
+    def __init__(self, input_size: int, output_size: int, device: str | torch.device | None = None) -> None:
+        super().__init__()
+        local = split_size(input_size, f"input features of a {input_size} -> {output_size} layer")
+        self.weight = nn.Parameter(torch.empty(output_size, local, device=device))
+        self.bias = nn.Parameter(torch.empty(output_size, device=device))
+        mark_split(self.weight, dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return reduce_from_region(F.linear(x, self.weight)) + self.bias

@@ -87,6 +87,8 @@ def resolve_pattention_impl(cfg, args: TokenFormerArgs, accelerator) -> tuple[st
     or None when the config named one)."""
     if cfg.pattention_impl != "auto":
         return cfg.pattention_impl, None
+    if args.model_type == "transformer":
+        return "fused", "model_type transformer has no Pattentions: the choice has no effect"
     return choose_pattention_impl(args, RunShape.from_config(cfg), accelerator.device_name(),
                                   device_bytes_per_rank(accelerator))
 
