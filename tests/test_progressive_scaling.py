@@ -19,6 +19,8 @@ import pytest
 import yaml
 
 from megatron.config import Config
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.parameter_count import count_parameters_by_component
 from megatron.progressive.plan import PlanError, read_plan
 from megatron.progressive.progress import pending_steps
 from megatron.progressive.stage_config import resolve_plan
@@ -181,6 +183,24 @@ def test_the_official_recipe_plan_is_valid_given_its_data(demo_data, tmp_path):
     assert grown.growth.summary() == ["qkv_slot_num 768 -> 1792", "proj_slot_num 768 -> 1792",
                                       "ffn_slot_num 3072 -> 7168"]
     assert (base.config.train_iters, grown.config.train_iters, grown.config.lr_decay_iters) == (600000, 60000, 60000)
+
+
+def test_the_dense_757M_baseline_plan_is_valid_given_its_data(demo_data, tmp_path):
+    """configs/progressive/openwebtext2_757M_transformer.yml (docs/paper_scale.md): the 757M Transformer from
+    scratch on 64 GPUs with the recipe's batch and schedule, the demo corpus in place of OpenWebText2."""
+    baseline = yaml.safe_load((REPO / "configs" / "progressive" / "openwebtext2_757M_transformer.yml").read_text())
+    data = tmp_path / "data.yml"
+    data.write_text(yaml.safe_dump({"data_path": f"{demo_data}/demo_text_document",
+                                    "vocab_file": f"{demo_data}/tokenizer.json"}))
+    plan = tmp_path / "plan.yml"
+    plan.write_text(yaml.safe_dump({**baseline, "configs": [str(REPO / c) for c in baseline["configs"]] + [str(data)],
+                                    "work_dir": str(tmp_path / "work")}))
+    (stage,) = resolve_plan(read_plan(plan), slurm=True)
+    config = stage.config
+    assert stage.processes == 64 and config.train_batch_size == 512 and config.model_type == "transformer"
+    args = TokenFormerArgs.from_config(config, padded_vocab_size=50304)
+    assert abs(count_parameters_by_component(TokenFormerModel(args, device="meta"))["total_params"] / 757e6 - 1) < 0.01
+    assert (config.train_iters, config.lr_decay_iters) == (600000, 600000)
 
 
 # --- end to end, locally ---
