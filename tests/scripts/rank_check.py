@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.config.argument import decode_config
-from megatron.runtime.process_group import initialize_distributed
+from megatron.runtime.process_group import initialize_distributed, leave_process_group
 
 
 def main() -> None:
@@ -46,6 +46,9 @@ def main() -> None:
             pids.write(f"{child.pid}\n")
     if {"FAIL_RANK", "KILL_RANK", "CHILD_PID_FILE"} & set(os.environ):
         time.sleep(600)
+    # As train.py ends: a barrier, then the group destroyed. A rank that exits with the group (and DeepSpeed's
+    # shared-memory communicator) still up can abort in their threads' teardown (SIGABRT, seen once under load).
+    leave_process_group()
 
 
 if __name__ == "__main__":
