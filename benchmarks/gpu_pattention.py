@@ -87,19 +87,30 @@ def on_gpu(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.detach().to(DEVICE, dtype).requires_grad_(t.requires_grad)
 
 
+def flash(x, keys, values, norm_type):
+    """Flash Pattention with its Triton kernels, in benchmarks/pattention.py's calling convention."""
+    from megatron.model.pattention import pattentions_function
+
+    return pattentions_function("flash", "triton")(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
+
+
+def shape_tensors(shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype) -> tuple:
+    """(x, keys, values, grad_out) of one Pattention shape on the GPU in `dtype`."""
+    from benchmarks.pattention import tensors
+
+    _, d, n, count = shape
+    x, keys, values, grad_out = tensors(tokens, d, n, count)
+    return (on_gpu(x, dtype), [on_gpu(k, dtype) for k in keys], [on_gpu(v, dtype) for v in values],
+            on_gpu(grad_out, dtype))
+
+
 def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype,
                repeats: int) -> dict:
     """One Θ and shape: the three variants' fastest times and flash's peak memory over fused's."""
-    from benchmarks.pattention import forward_backward, fused, gemms_only, tensors
-    from megatron.model.pattention import pattentions_function
+    from benchmarks.pattention import forward_backward, fused, gemms_only
 
-    def flash(x, keys, values, norm_type):
-        return pattentions_function("flash", "triton")(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
-
-    name, d, n, count = shape
-    x, keys, values, grad_out = tensors(tokens, d, n, count)
-    x, grad_out = on_gpu(x, dtype), on_gpu(grad_out, dtype)
-    keys, values = [on_gpu(k, dtype) for k in keys], [on_gpu(v, dtype) for v in values]
+    name, d, n, _ = shape
+    x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
     steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out),
              "fused": forward_backward(fused, x, keys, values, norm_type, grad_out),
              "flash": forward_backward(flash, x, keys, values, norm_type, grad_out)}
@@ -133,16 +144,10 @@ def kernel_profile(norm_type: str, shape: tuple[str, int, int, int], tokens: int
     run), by their total device time: where flash's time goes beyond the GEMMs."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.pattention import forward_backward, fused, tensors
-    from megatron.model.pattention import pattentions_function
+    from benchmarks.pattention import forward_backward, fused
 
-    def flash(x, keys, values, norm_type):
-        return pattentions_function("flash", "triton")(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
-
-    name, d, n, count = shape
-    x, keys, values, grad_out = tensors(tokens, d, n, count)
-    x, grad_out = on_gpu(x, dtype), on_gpu(grad_out, dtype)
-    keys, values = [on_gpu(k, dtype) for k in keys], [on_gpu(v, dtype) for v in values]
+    name, d, n, _ = shape
+    x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
     tables = []
     for label, function in (("flash", flash), ("fused", fused)):
         step = synchronized(forward_backward(function, x, keys, values, norm_type, grad_out))
