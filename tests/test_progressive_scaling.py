@@ -167,17 +167,22 @@ def test_slurm_dry_run_is_a_chain_with_afterok_dependencies(demo_data, tmp_path,
     assert "tools/slurm/train.sbatch" in jobs[0] and "tools/slurm/progressive_step.sbatch" in jobs[1]
 
 
-def test_the_official_recipe_plan_is_valid_given_its_data(demo_data, tmp_path):
-    """configs/progressive/openwebtext2_354M_to_757M.yml on its cluster (16 then 64 GPUs), the demo corpus in
-    place of OpenWebText2."""
-    official = yaml.safe_load((REPO / "configs" / "progressive" / "openwebtext2_354M_to_757M.yml").read_text())
+def resolve_with_demo_data(name: str, demo_data: Path, tmp_path: Path) -> list:
+    """configs/progressive/`name`'s stages resolved for SLURM, the demo corpus in place of its data."""
+    recipe = yaml.safe_load((REPO / "configs" / "progressive" / name).read_text())
     data = tmp_path / "data.yml"
     data.write_text(yaml.safe_dump({"data_path": f"{demo_data}/demo_text_document",
                                     "vocab_file": f"{demo_data}/tokenizer.json"}))
     plan = tmp_path / "plan.yml"
-    plan.write_text(yaml.safe_dump({**official, "configs": [str(REPO / c) for c in official["configs"]] + [str(data)],
+    plan.write_text(yaml.safe_dump({**recipe, "configs": [str(REPO / c) for c in recipe["configs"]] + [str(data)],
                                     "work_dir": str(tmp_path / "work")}))
-    base, grown = resolve_plan(read_plan(plan), slurm=True)
+    return resolve_plan(read_plan(plan), slurm=True)
+
+
+def test_the_official_recipe_plan_is_valid_given_its_data(demo_data, tmp_path):
+    """configs/progressive/openwebtext2_354M_to_757M.yml on its cluster (16 then 64 GPUs), the demo corpus in
+    place of OpenWebText2."""
+    base, grown = resolve_with_demo_data("openwebtext2_354M_to_757M.yml", demo_data, tmp_path)
     assert (base.processes, grown.processes) == (16, 64)
     assert base.config.train_batch_size == grown.config.train_batch_size == 512
     assert grown.growth.summary() == ["qkv_slot_num 768 -> 1792", "proj_slot_num 768 -> 1792",
@@ -188,14 +193,7 @@ def test_the_official_recipe_plan_is_valid_given_its_data(demo_data, tmp_path):
 def test_the_dense_757M_baseline_plan_is_valid_given_its_data(demo_data, tmp_path):
     """configs/progressive/openwebtext2_757M_transformer.yml (docs/paper_scale.md): the 757M Transformer from
     scratch on 64 GPUs with the recipe's batch and schedule, the demo corpus in place of OpenWebText2."""
-    baseline = yaml.safe_load((REPO / "configs" / "progressive" / "openwebtext2_757M_transformer.yml").read_text())
-    data = tmp_path / "data.yml"
-    data.write_text(yaml.safe_dump({"data_path": f"{demo_data}/demo_text_document",
-                                    "vocab_file": f"{demo_data}/tokenizer.json"}))
-    plan = tmp_path / "plan.yml"
-    plan.write_text(yaml.safe_dump({**baseline, "configs": [str(REPO / c) for c in baseline["configs"]] + [str(data)],
-                                    "work_dir": str(tmp_path / "work")}))
-    (stage,) = resolve_plan(read_plan(plan), slurm=True)
+    (stage,) = resolve_with_demo_data("openwebtext2_757M_transformer.yml", demo_data, tmp_path)
     config = stage.config
     assert stage.processes == 64 and config.train_batch_size == 512 and config.model_type == "transformer"
     args = TokenFormerArgs.from_config(config, padded_vocab_size=50304)
