@@ -10,9 +10,10 @@ a CPU machine can tell the three apart.
 
 Kernels: benchmarks/pattention.py's shapes (the paper configs' Pattentions; "×3" is attention's Q, K and V in one
 node) and the 1-5B config's Q/K/V and FFN at --tokens input tokens (default 8 sequences of 2048), every Θ: flash
-with its Triton kernels, fused, and the six GEMMs a Pattention needs alone (the limit), forward + backward in
+with its Triton kernels, fused with its Triton Θ (what CUDA runs) and with its PyTorch passes ("f-pt", the CPU's
+path), and the six GEMMs a Pattention needs alone (the limit), forward + backward in
 --dtype; each keeps its fastest of --repeats alternating runs (benchmarks/timing.py), every run ended by
-torch.cuda.synchronize. "peak fl/f" is flash's peak memory over fused's during forward + backward
+torch.cuda.synchronize. "peak fl/f" is flash's peak memory over fused's (Triton Θ) during forward + backward
 (torch.cuda.max_memory_allocated above what was allocated before the step; the layer's output and the gradients
 included).
 
@@ -87,11 +88,18 @@ def on_gpu(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.detach().to(DEVICE, dtype).requires_grad_(t.requires_grad)
 
 
-def flash(x, keys, values, norm_type):
-    """Flash Pattention with its Triton kernels, in benchmarks/pattention.py's calling convention."""
+def by_registry(impl: str, backend: str) -> Callable:
+    """Pattention `impl` with tile backend `backend`, in benchmarks/pattention.py's calling convention."""
     from megatron.model.pattention import pattentions_function
 
-    return pattentions_function("flash", "triton")(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
+    def compute(x, keys, values, norm_type):
+        return pattentions_function(impl, backend)(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys])
+    return compute
+
+
+flash = by_registry("flash", "triton")
+fused = by_registry("fused", "triton")  # what `pattention_impl: fused` runs on CUDA
+fused_pytorch = by_registry("fused", "pytorch")  # its PyTorch passes, the CPU's path
 
 
 def shape_tensors(shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype) -> tuple:
@@ -106,21 +114,23 @@ def shape_tensors(shape: tuple[str, int, int, int], tokens: int, dtype: torch.dt
 
 def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype,
                repeats: int) -> dict:
-    """One Θ and shape: the three variants' fastest times and flash's peak memory over fused's."""
-    from benchmarks.pattention import forward_backward, fused, gemms_only
+    """One Θ and shape: the variants' fastest times and flash's peak memory over fused's."""
+    from benchmarks.pattention import forward_backward, gemms_only
 
     name, d, n, _ = shape
     x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
     steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out),
              "fused": forward_backward(fused, x, keys, values, norm_type, grad_out),
+             "fused pytorch": forward_backward(fused_pytorch, x, keys, values, norm_type, grad_out),
              "flash": forward_backward(flash, x, keys, values, norm_type, grad_out)}
     times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
     peaks = {}
-    for key in ("fused", "flash"):
+    for key in ("fused", "fused pytorch", "flash"):
         for t in (x, *keys, *values):
             t.grad = None
         peaks[key] = peak_step_bytes(steps[key])
-    return {"norm": norm_type, "name": name, "d": d, "n": n, **times, "peak": peaks["flash"] / peaks["fused"]}
+    return {"norm": norm_type, "name": name, "d": d, "n": n, **times, "peak": peaks["flash"] / peaks["fused"],
+            "peak vs fused pytorch": peaks["flash"] / peaks["fused pytorch"]}
 
 
 # benchmarks/pattention.py's shapes (sized for a CPU) and the largest config's other two, which a GPU can afford.
@@ -144,7 +154,7 @@ def kernel_profile(norm_type: str, shape: tuple[str, int, int, int], tokens: int
     run), by their total device time: where flash's time goes beyond the GEMMs."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.pattention import forward_backward, fused
+    from benchmarks.pattention import forward_backward
 
     name, d, n, _ = shape
     x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
@@ -226,14 +236,15 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; tokens={options.tokens} {options.dtype} "
           f"(TF32 matmul {torch.backends.cuda.matmul.allow_tf32}); fastest of {options.repeats} alternating runs (ms)")
     header = (f"{'Θ':<13} {'layer':<14} {'d':>5} {'n':>5} {'GEMMs':>8} {'fused':>8} {'flash':>8} "
-              f"{'fused/G':>8} {'flash/G':>8} {'peak fl/f':>9}")
+              f"{'fused/G':>8} {'flash/G':>8} {'f-pt/G':>8} {'peak fl/f':>9}")
     print(header)
     print("-" * len(header))
     rows = kernel_rows(options.tokens, dtype, options.repeats)
     for r in rows:
         print(f"{r['norm']:<13} {r['name']:<14} {r['d']:>5} {r['n']:>5} {r['gemms'] * 1e3:>8.2f} "
               f"{r['fused'] * 1e3:>8.2f} {r['flash'] * 1e3:>8.2f} {r['fused'] / r['gemms']:>8.2f} "
-              f"{r['flash'] / r['gemms']:>8.2f} {r['peak']:>9.2f}")
+              f"{r['flash'] / r['gemms']:>8.2f} {r['fused pytorch'] / r['gemms']:>8.2f} {r['peak']:>9.2f}")
+    fused_over_gemms = sum(r["fused"] for r in rows) / sum(r["gemms"] for r in rows)
     flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
     worst = max(r["flash"] / r["gemms"] for r in rows)
     profiled = kernel_profile("l2_norm_gelu", LARGEST_CONFIG_SHAPES[-1], options.tokens, dtype) \
@@ -243,10 +254,11 @@ def main() -> None:
     if options.json:
         with open(options.json, "w", encoding="utf-8") as stream:
             json.dump({"tokens": options.tokens, "dtype": options.dtype, "kernels": rows,
-                       "flash_over_gemms": flash_over_gemms, "worst": worst, "profile": profiled}, stream, indent=1)
+                       "flash_over_gemms": flash_over_gemms, "fused_over_gemms": fused_over_gemms,
+                       "worst": worst, "profile": profiled}, stream, indent=1)
     if options.no_steps:
         print(f"ratio: flash (Triton) Pattention time / six GEMMs = {flash_over_gemms:.2f} (all shapes and Θ; worst "
-              f"{worst:.2f})")
+              f"{worst:.2f}); fused {fused_over_gemms:.2f}")
         return
 
     peak = options.peak_tflops * 1e12 if options.peak_tflops else matmul_peak_flops(options.repeats)

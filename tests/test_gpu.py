@@ -86,25 +86,27 @@ def poisoned_allocations(monkeypatch):
 
 
 # (input rows, d_in, d_out, the three Pattentions' token counts, τ): tiles and row blocks with ragged ends, and
-# a large n (over 16k parameter tokens: 33 tiles of 512, the last one ragged).
+# a large n (over 16k parameter tokens: 9 tiles of the GPU's 2048, the last one ragged).
 CASES = {"ragged": (300, 96, 80, [1100, 1300, 900], 0.7), "large n": (96, 64, 48, [16684, 16500, 17000], 1.3)}
 
 
+@pytest.mark.parametrize("impl", ["flash", "fused"])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
 def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, poisoned_allocations, norm_type,
-                                                          dtype, case):
-    """flash_pattentions with the Triton backend on CUDA tensors (kernels compiled, not interpreted) against
-    autograd through the plain formula, on fresh random inputs each run (the seed is in the failure message):
-    rows in blocks of 64, parameter tokens in tiles of KEY_TILE (ragged last ones), three Pattentions of one input
-    with different token counts, τ ≠ 1, every fresh float buffer poisoned with NaN. fp32 with TF32 off: within
-    1e-5 of the plain formula in fp32, relative to each tensor's largest entry. bf16: within 1e-2 of the exact
-    (fp64) result in relative norm, or 1.25× the plain formula's own bf16 error if larger."""
+                                                          dtype, case, impl):
+    """flash and fused Pattentions with the Triton backend on CUDA tensors (kernels compiled, not interpreted)
+    against autograd through the plain formula, on fresh random inputs each run (the seed is in the failure
+    message): for flash, rows in blocks of 64, parameter tokens in tiles of KEY_TILE (ragged last ones); three
+    Pattentions of one input with different token counts, τ ≠ 1, every fresh float buffer poisoned with NaN. fp32
+    with TF32 off: within 1e-5 of the plain formula in fp32, relative to each tensor's largest entry. bf16: within
+    1e-2 of the exact (fp64) result in relative norm, or 1.25× the plain formula's own bf16 error if larger."""
     from megatron.model.pattention import flash, pattention, pattentions_function
 
     assert os.environ.get("TRITON_INTERPRET", "0") == "0", "Triton would interpret the kernels, not compile them"
-    monkeypatch.setattr(flash, "TILE_ELEMENTS", {"cpu": 64 * flash.KEY_TILE, "default": 64 * flash.KEY_TILE})
+    tile = flash.KEY_TILE["default"]
+    monkeypatch.setattr(flash, "TILE_ELEMENTS", {"cpu": 64 * tile, "default": 64 * tile})
     rows, d_in, d_out, counts, tau = CASES[case]
     seed = int.from_bytes(os.urandom(4), "little")
     g = torch.Generator().manual_seed(seed)
@@ -117,7 +119,7 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, p
         return torch.stack([pattention(x, k, v, norm_type, tau, c) for k, v, c in zip(keys, values, counts)])
 
     def flashed(x, keys, values):
-        return pattentions_function("flash", "triton")(x, keys, values, norm_type, tau, counts)
+        return pattentions_function(impl, "triton")(x, keys, values, norm_type, tau, counts)
 
     exact = pattention_results(plain, x, keys, values)
     cast = x.to(dtype), [k.to(dtype) for k in keys], [v.to(dtype) for v in values]

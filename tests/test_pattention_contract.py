@@ -32,25 +32,31 @@ from megatron.model.pattention.fused import fused_pattention
 from megatron.model.pattention.registry import IMPLEMENTATIONS, TILE_BACKENDS
 from tests.distributed import run_on_ranks
 
-IMPLS = [("plain", "auto"), ("fused", "auto"), ("flash", "pytorch"), ("flash", "triton")]
-IMPL_IDS = ["plain", "fused", "flash-pytorch", "flash-triton"]
+IMPLS = [("plain", "auto"), ("fused", "auto"), ("flash", "pytorch"), ("flash", "triton"), ("fused", "triton")]
+IMPL_IDS = ["plain", "fused", "flash-pytorch", "flash-triton", "fused-triton"]
 EXACT_IMPLS, EXACT_IDS = IMPLS[:3], IMPL_IDS[:3]  # fp64 throughout (the Triton kernels compute in fp32)
 L2 = ("l2_norm_gelu", "gelu_l2_norm")
 
 
-def tolerance(backend, exact=(1e-10, 1e-12)):
-    rtol, atol = (1e-5, 1e-6) if backend == "triton" else exact
-    return {"rtol": rtol, "atol": atol}
+def assert_matches(got, want, backend, exact=(1e-10, 1e-12)):
+    """fp64 implementations within `exact` (rtol, atol) elementwise; the Triton kernels, which compute in fp32,
+    within 1e-5 of the tensor's largest entry (elementwise, a row sum whose terms cancel has a large relative
+    error in fp32 however right the kernel is)."""
+    if backend == "triton":
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    else:
+        torch.testing.assert_close(got, want, rtol=exact[0], atol=exact[1])
 
 
 def small_tiles(monkeypatch=None, key_tile=8, rows=5):
     """Tiles of `key_tile` tokens and blocks of `rows` input rows, so that small inputs cross several of each
     and end in ragged ones (set directly in a forked rank, which the monkeypatch cannot undo anyway)."""
     tile_elements = {"cpu": key_tile * rows, "default": key_tile * rows}
+    key_tiles = {"cpu": key_tile, "default": key_tile}
     if monkeypatch is None:
-        flash.KEY_TILE, flash.TILE_ELEMENTS = key_tile, tile_elements
+        flash.KEY_TILE, flash.TILE_ELEMENTS = key_tiles, tile_elements
     else:
-        monkeypatch.setattr(flash, "KEY_TILE", key_tile)
+        monkeypatch.setattr(flash, "KEY_TILE", key_tiles)
         monkeypatch.setattr(flash, "TILE_ELEMENTS", tile_elements)
 
 
@@ -126,11 +132,11 @@ def test_the_layer_computes_the_papers_formula(monkeypatch, impl, backend, theta
     x_ref, keys, values = (t.detach().clone().requires_grad_()
                            for t in (x, layer.key_param_tokens, layer.value_param_tokens))
     expected = paper_formula(x_ref, keys, values, theta, tau)
-    torch.testing.assert_close(output, expected, **tolerance(backend, (1e-10, 1e-10)))
+    assert_matches(output, expected, backend, (1e-10, 1e-10))
     upstream = torch.randn_like(output)
     grads = torch.autograd.grad(output, (x, layer.key_param_tokens, layer.value_param_tokens), upstream)
     for grad, expected_grad in zip(grads, torch.autograd.grad(expected, (x_ref, keys, values), upstream)):
-        torch.testing.assert_close(grad, expected_grad, **tolerance(backend, (1e-9, 1e-10)))
+        assert_matches(grad, expected_grad, backend, (1e-9, 1e-10))
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.7])
@@ -145,7 +151,7 @@ def test_several_pattentions_of_one_input_equal_the_plain_formula(monkeypatch, i
     got = results(by_registry(impl, backend, theta, tau, counts), x, keys, values)
     assert got[0].shape == (3, 2, 7, 6)
     for g, e in zip(got, results(plain(theta, tau, counts), x, keys, values)):
-        torch.testing.assert_close(g, e, **tolerance(backend))
+        assert_matches(g, e, backend)
 
 
 @pytest.mark.parametrize("theta", NORM_ACTIVATIONS)
@@ -287,10 +293,10 @@ def test_token_blocks_on_real_ranks_equal_the_whole_layers(world, impl, backend)
     for theta, per_rank in zip(NORM_ACTIVATIONS, zip(*ranks)):
         x, keys, values = inputs(n=24, count=3)
         expected = results(plain(theta, 0.7, [24, 30, 17]), x, keys, values)
-        torch.testing.assert_close(sum(r[0] for r in per_rank), expected[0], **tolerance(backend))
-        torch.testing.assert_close(sum(r[1] for r in per_rank), expected[1], **tolerance(backend))
+        assert_matches(sum(r[0] for r in per_rank), expected[0], backend)
+        assert_matches(sum(r[1] for r in per_rank), expected[1], backend)
         for i, e in enumerate(expected[2:]):
-            torch.testing.assert_close(torch.cat([r[2][i] for r in per_rank]), e, **tolerance(backend))
+            assert_matches(torch.cat([r[2][i] for r in per_rank]), e, backend)
 
 
 # --- Growth --------------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TILE_TOL = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (1e-2, 1e-3), torch.float16: (2e-3, 1e-4)}
 STAT_TOL = (1e-5, 1e-6)
 # Which results are fp32 row statistics rather than tiles.
-STATS = {"gelu_l2_norm_forward": {1}, "softmax_forward": {1, 2}, "l2_norm_gelu_backward": {2}}
+STATS = {"gelu_l2_norm_forward": {1}, "softmax_forward": {1, 2}, "l2_norm_gelu_backward": {2}, "sum_squares": {0},
+         "l2_norm_gelu_backward_dot": {0}, "gelu_l2_norm_backward_dot": {0}, "softmax_backward_dot": {0}}
 
 
 def tile_inputs(shape: tuple[int, int], dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -84,14 +85,17 @@ def guarded_allocations():
 
 def check(name: str, *args) -> tuple:
     """tiles_triton.`name`(*args) matches tiles_torch.`name` in value, dtype and shape, and writes nothing
-    outside its results; returns them."""
+    outside its results (neither backend writes to its arguments); returns them."""
     a = args[0]
+    before = [x.clone() for x in args]
     with guarded_allocations() as guards:
         results = getattr(tiles_triton, name)(*args)
     assert guards and all(torch.isnan(guard).all() for guard in guards), f"{name} wrote past a result"
     fp32 = a.dtype == torch.float32
     ref_args = [x.double() if fp32 and isinstance(x, torch.Tensor) else x for x in args]
-    expected = getattr(tiles_torch, name)(*ref_args)
+    expected = getattr(tiles_torch, name)(*args if not fp32 else ref_args)
+    for arg, kept in zip(args, before):
+        assert torch.equal(arg, kept), f"{name} wrote to an argument"
     if isinstance(expected, torch.Tensor):
         results, expected = (results,), (expected,)
     assert len(results) == len(expected)
@@ -103,6 +107,8 @@ def check(name: str, *args) -> tuple:
         assert result.dtype == (torch.float32 if is_stat else a.dtype), (name, i)
         assert result.shape == ((a.shape[0], 1) if is_stat else a.shape), (name, i)
         rtol, atol = STAT_TOL if is_stat else TILE_TOL[a.dtype]
+        if is_stat and name.endswith("_dot"):  # a sum of terms of either sign: error relative to the largest row
+            atol = STAT_TOL[0] * want.abs().max().item()
         torch.testing.assert_close(result.double(), want.double(), rtol=rtol, atol=atol,
                                    msg=lambda m, where=f"{name}[{i}]": f"{where}: {m}")
     return results
@@ -116,11 +122,17 @@ def arguments(name: str, t: dict[str, torch.Tensor]) -> tuple:
         "l2_norm_gelu_backward": (t["a"], t["grad_w"], t["row"]),
         "gelu_l2_norm_backward": (t["a"], t["grad_w"], t["row"], t["coef"]),
         "softmax_backward": (t["a"], t["grad_w"], t["row_max"], t["q"], t["coef"]),
+        "sum_squares": (t["a"],),
+        "l2_norm_gelu_backward_dot": (t["a"], t["grad_w"], t["row"]),
+        "l2_norm_gelu_gradient": (t["a"], t["grad_w"], t["row"], t["coef"]),
+        "gelu_l2_norm_backward_dot": (t["a"], t["grad_w"], t["row"]),
+        "softmax_backward_dot": (t["a"], t["grad_w"], t["row_max"], t["q"]),
     }[name]
 
 
 FUNCTIONS = ["l2_norm_gelu_forward", "gelu_l2_norm_forward", "softmax_forward",
-             "l2_norm_gelu_backward", "gelu_l2_norm_backward", "softmax_backward"]
+             "l2_norm_gelu_backward", "gelu_l2_norm_backward", "softmax_backward", "sum_squares",
+             "l2_norm_gelu_backward_dot", "l2_norm_gelu_gradient", "gelu_l2_norm_backward_dot", "softmax_backward_dot"]
 
 
 @pytest.mark.parametrize("shape", SHAPES)

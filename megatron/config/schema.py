@@ -134,14 +134,15 @@ _MODEL = (
         "docs/performance.md): auto takes fused unless the memory model says a training step of the configured "
         "micro-batch would not fit the device with it, and flash then (the run's first lines say which and why; "
         "inference and conversion take fused); flash keeps its input and O(tokens) statistics for backward "
-        "(gelu_l2_norm and softmax: also the output), visiting the parameter tokens in tiles (Triton kernels on CUDA, PyTorch "
-        "elsewhere) at the cost of recomputing the scores; fused keeps one [tokens, n] score matrix per "
-        "Pattention and is faster where memory does not limit the batch (on a CPU, always); plain is the "
+        "(gelu_l2_norm and softmax: also the output), visiting the parameter tokens in tiles at the cost of "
+        "recomputing the scores; fused keeps one [tokens, n] score matrix per Pattention and is faster where "
+        "memory does not limit the batch (on a CPU, always); plain is the "
         "reference formula under autograd (about three score matrices).",
         choices=("auto", "plain", "fused", "flash")),
     Key("flash_backend", str, "auto", "model",
-        "Tile kernels of pattention_impl=flash: auto (Triton on CUDA, PyTorch otherwise), pytorch, or triton "
-        "(also on a CPU, under Triton's interpreter: slow, for testing the kernels).",
+        "Θ's kernels in pattention_impl=flash's tiles and fused's score matrix: auto (Triton on CUDA, PyTorch "
+        "otherwise), pytorch, or triton (also on a CPU, under Triton's interpreter: slow, for testing the "
+        "kernels).",
         choices=("auto", "pytorch", "triton")),
     Key("init_method", str, "normal", "model", "Initialisation of every weight except layer outputs.",
         choices=_INIT_METHODS),

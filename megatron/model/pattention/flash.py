@@ -22,8 +22,8 @@ Gram matrix is summed over this rank's tokens only, like s.
 
 The elementwise work on each tile runs in a tile backend the caller passes (`tiles`): tiles_torch.py
 (PyTorch) or tiles_triton.py (Triton kernels), chosen by name in registry.py (Triton on CUDA by default;
-anywhere under Triton's interpreter when asked). KEY_TILE is fixed, not derived from n, so that growth (zero
-keys appended after the old tokens) leaves every old tile's computation as it was.
+anywhere under Triton's interpreter when asked). KEY_TILE is fixed per device type, not derived from n, so that
+growth (zero keys appended after the old tokens) leaves every old tile's computation as it was.
 """
 
 from __future__ import annotations
@@ -37,19 +37,27 @@ from torch import Tensor
 from megatron.model.pattention import tiles_torch
 from megatron.model.pattention.theta import ZERO_ROW_GUARD, Reduce, at_least_fp32, check_theta, identity, row_dot
 
-KEY_TILE = 512
-# Elements of one [rows, KEY_TILE] tile buffer: small enough that the few alive at once stay far below a
+# Parameter tokens a tile, by device type. On a GPU each key tile adds its product into the fp32 accumulators of
+# the output and of dX (a read and a write of [rows, d] fp32) and costs a few kernel launches: fewer, wider
+# tiles there (on an H200, 512-token tiles left flash waiting on launches and accumulator traffic).
+KEY_TILE = {"cpu": 512, "default": 2048}
+# Elements of one [rows, key tile] tile buffer: small enough that the few alive at once stay far below a
 # [tokens, n] score matrix, large enough for efficient GEMMs (a GPU wants larger ones than a CPU).
-TILE_ELEMENTS = {"cpu": 2**17, "default": 2**22}
+TILE_ELEMENTS = {"cpu": 2**17, "default": 2**23}
+
+
+def _for_device(table: dict[str, int], device: torch.device) -> int:
+    return table.get(device.type, table["default"])
 
 
 def _row_blocks(tokens: int, device: torch.device) -> list[slice]:
-    rows = max(1, TILE_ELEMENTS.get(device.type, TILE_ELEMENTS["default"]) // KEY_TILE)
+    rows = max(1, _for_device(TILE_ELEMENTS, device) // _for_device(KEY_TILE, device))
     return [slice(start, min(start + rows, tokens)) for start in range(0, tokens, rows)]
 
 
-def _key_tiles(count: int) -> list[slice]:
-    return [slice(start, min(start + KEY_TILE, count)) for start in range(0, count, KEY_TILE)]
+def _key_tiles(count: int, device: torch.device) -> list[slice]:
+    tile = _for_device(KEY_TILE, device)
+    return [slice(start, min(start + tile, count)) for start in range(0, count, tile)]
 
 
 _PROBES: dict[tuple[str, str, torch.dtype], bool] = {}
@@ -126,7 +134,7 @@ def _gram(key: Tensor) -> Tensor:
         key = at_least_fp32(key)
     gram = torch.zeros(key.shape[1], key.shape[1], dtype=torch.promote_types(key.dtype, torch.float32),
                        device=key.device)
-    for j in _key_tiles(len(key)):
+    for j in _key_tiles(len(key), key.device):
         accumulate(gram, key[j].t(), key[j])
     return gram
 
@@ -143,7 +151,7 @@ def _forward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, theta: str, t
     """One Pattention of x (τ applied) accumulated into `out` (zeros, at least fp32): what backward needs,
     by the passes above."""
     acc_dtype = out.dtype
-    rows, keys = _row_blocks(len(x), x.device), _key_tiles(len(key))
+    rows, keys = _row_blocks(len(x), x.device), _key_tiles(len(key), x.device)
     if theta == "l2_norm_gelu":
         gram = _gram(key)
         statistic = torch.empty(len(x), 1, dtype=acc_dtype, device=x.device)
@@ -205,7 +213,7 @@ def _backward_one(x: Tensor, key: Tensor, value: Tensor, n: Tensor, grad_out: Te
     grad_value = torch.zeros(value.shape, dtype=acc_dtype, device=x.device)
     rows = _row_blocks(len(x), x.device)
     for r in rows:
-        for j in _key_tiles(len(key)):
+        for j in _key_tiles(len(key), key.device):
             a = torch.mm(x[r], key[j].t())
             grad_w = torch.mm(grad_out[r], value[j].t())
             if theta == "l2_norm_gelu":

@@ -37,6 +37,7 @@ one Pattention at a time, so backward's buffers stay those of one.
 """
 
 from collections.abc import Sequence
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -92,49 +93,102 @@ def _normalize_backward(s: Tensor, grad_out: Tensor, value: Tensor, theta: str, 
     return grad_value, grad_scores.to(grad_out.dtype)
 
 
+def _normalize_by_kernels(a: Tensor, theta: str, n: Tensor, tiles: ModuleType, reduce_sum: Reduce,
+                          reduce_max: Reduce) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Θ's forward on scores a [tokens, n] by a tile backend's functions (one kernel pass or two, a left as it
+    is: it is the kept tensor). Returns (W without its row factor, s, the row factor, softmax's row max)."""
+    if theta == "softmax":
+        row_max = reduce_max(at_least_fp32(a.amax(dim=-1, keepdim=True)))
+        weights, total, _ = tiles.softmax_forward(a, row_max)
+        statistic = reduce_sum(total)
+        return weights, statistic, n / statistic, row_max
+    if theta == "gelu_l2_norm":
+        weights, squares = tiles.gelu_l2_norm_forward(a)
+        statistic = reduce_sum(squares)
+    else:
+        weights, statistic = None, reduce_sum(tiles.sum_squares(a))
+    row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
+    return weights if weights is not None else tiles.l2_norm_gelu_forward(a, row), statistic, row, None
+
+
+def _normalize_backward_by_kernels(a: Tensor, grad_out: Tensor, value: Tensor, theta: str, statistic: Tensor,
+                                   row: Tensor, row_max: Tensor | None, n: Tensor, tiles: ModuleType,
+                                   reduce_sum: Reduce) -> tuple[Tensor, Tensor]:
+    """(dV, dA) of one Pattention from the kept scores a and dY by a tile backend's functions: one pass for the
+    row reduction c, one for the weights dV needs (with its row factor) and dA."""
+    grad_weights = torch.mm(grad_out, value.t())
+    live = (statistic > ZERO_ROW_GUARD).to(statistic.dtype)
+    if theta == "l2_norm_gelu":
+        c = reduce_sum(tiles.l2_norm_gelu_backward_dot(a, grad_weights, row))
+        weights, grad_scores = tiles.l2_norm_gelu_gradient(a, grad_weights, row, c.mul_(live).div_(n))
+    elif theta == "gelu_l2_norm":
+        c = reduce_sum(tiles.gelu_l2_norm_backward_dot(a, grad_weights, row))
+        coef = c.mul_(live).div_(statistic.clamp(min=ZERO_ROW_GUARD))
+        weights, grad_scores = tiles.gelu_l2_norm_backward(a, grad_weights, row, coef)
+    else:
+        c = reduce_sum(tiles.softmax_backward_dot(a, grad_weights, row_max, row))
+        weights, grad_scores = tiles.softmax_backward(a, grad_weights, row_max, row, c.mul_(row).div_(n))
+    del grad_weights
+    return torch.mm(weights.t(), grad_out), grad_scores
+
+
 class _FusedPattention(torch.autograd.Function):
     """x [tokens, d_in], B keys [n, d_in], B values [n, d_out], token counts n [B] -> Y [B, tokens, d_out].
 
     The token matrices are separate inputs, not a stacked copy (backward keeps no copy of them). The B
-    Pattentions share X (one input, one gradient buffer for it); Θ and backward run one at a time.
+    Pattentions share X (one input, one gradient buffer for it); Θ and backward run one at a time. With a tile
+    backend (`tiles`), Θ runs in its functions and the scores A are kept; without, in the PyTorch passes above.
     """
 
     @staticmethod
-    def forward(ctx, x, theta, tau, n, reduce_sum, reduce_max, *tokens):
+    def forward(ctx, x, theta, tau, n, reduce_sum, reduce_max, tiles, *tokens):
         keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
         if tau != 1.0:
             x = x * tau  # τ·X·Kᵀ = (τ·X)·Kᵀ: the scale lands on the small operand
         kept = x.new_empty(len(keys), len(x), len(keys[0]))
         out = x.new_empty(len(keys), len(x), values[0].shape[1])
         n = n.to(torch.promote_types(x.dtype, torch.float32))
-        statistics, rows = [], []
+        statistics, rows, row_maxes = [], [], []
         for key, value, n_b, kept_b, out_b in zip(keys, values, n, kept, out):
-            a = at_least_fp32(torch.mm(x, key.t(), out=kept_b))  # fp32: kept_b itself, modified in place
-            weights, statistic, row = _normalize_(a, theta, n_b, reduce_sum, reduce_max)
+            if tiles is None:
+                a = at_least_fp32(torch.mm(x, key.t(), out=kept_b))  # fp32: kept_b itself, modified in place
+                weights, statistic, row = _normalize_(a, theta, n_b, reduce_sum, reduce_max)
+                kept_b.copy_(a)  # bf16/fp16: back into the kept buffer; fp32: a is kept_b, no copy
+            else:
+                weights, statistic, row, row_max = _normalize_by_kernels(torch.mm(x, key.t(), out=kept_b), theta,
+                                                                         n_b, tiles, reduce_sum, reduce_max)
+                row_maxes.append(row_max)
             torch.mm(weights.to(x.dtype), value, out=out_b)
+            del weights
             if theta != "l2_norm_gelu":
                 out_b.mul_(row)
-            kept_b.copy_(a)  # bf16/fp16: back into the kept buffer; fp32: a is kept_b, no copy
             statistics.append(statistic)
             rows.append(row)
-        ctx.save_for_backward(x, kept, torch.stack(statistics), torch.stack(rows), n, *tokens)
-        ctx.theta, ctx.tau, ctx.reduce_sum = theta, tau, reduce_sum
+        row_maxes = torch.stack(row_maxes) if theta == "softmax" and tiles is not None else None
+        ctx.save_for_backward(x, kept, torch.stack(statistics), torch.stack(rows), row_maxes, n, *tokens)
+        ctx.theta, ctx.tau, ctx.reduce_sum, ctx.tiles = theta, tau, reduce_sum, tiles
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, kept, statistics, rows, n, *tokens = ctx.saved_tensors
+        x, kept, statistics, rows, row_maxes, n, *tokens = ctx.saved_tensors
         keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
         grad_x, grad_keys, grad_values = None, [], []
         for b, (key, value) in enumerate(zip(keys, values)):
-            grad_value, grad_scores = _normalize_backward(at_least_fp32(kept[b]), grad_out[b], value, ctx.theta,
-                                                          statistics[b], rows[b], n[b], ctx.reduce_sum)
+            if ctx.tiles is None:
+                grad_value, grad_scores = _normalize_backward(at_least_fp32(kept[b]), grad_out[b], value, ctx.theta,
+                                                              statistics[b], rows[b], n[b], ctx.reduce_sum)
+            else:
+                grad_value, grad_scores = _normalize_backward_by_kernels(
+                    kept[b], grad_out[b], value, ctx.theta, statistics[b], rows[b],
+                    None if row_maxes is None else row_maxes[b], n[b], ctx.tiles, ctx.reduce_sum)
             grad_values.append(grad_value)
             grad_keys.append(torch.mm(grad_scores.t(), x))
             grad_x = torch.mm(grad_scores, key) if grad_x is None else grad_x.addmm_(grad_scores, key)
+            del grad_scores
         if ctx.tau != 1.0:
             grad_x.mul_(ctx.tau)
-        return grad_x, None, None, None, None, None, *grad_keys, *grad_values
+        return grad_x, None, None, None, None, None, None, *grad_keys, *grad_values
 
 
 def fused_pattentions(
@@ -146,13 +200,15 @@ def fused_pattentions(
     norm_token_counts: Sequence[int | Tensor],
     reduce_sum: Reduce = identity,
     reduce_max: Reduce = identity,
+    tiles: ModuleType | None = None,
 ) -> Tensor:
     """Several Pattentions of the same input x [..., d_in] (same Θ and τ, equal token-matrix shapes) in one
-    node: [B, ..., d_out], B = len(key_tokens); each equals `fused_pattention` with its own tokens."""
+    node: [B, ..., d_out], B = len(key_tokens); each equals `fused_pattention` with its own tokens. `tiles`, a
+    tile backend (tiles_triton: registry.py passes it on CUDA), runs Θ in its kernels instead of PyTorch passes."""
     check_theta(theta)
     counts = torch.stack([torch.as_tensor(n, device=x.device) for n in norm_token_counts])
     out = _FusedPattention.apply(x.reshape(-1, x.shape[-1]), theta, float(tau), counts, reduce_sum, reduce_max,
-                                 *key_tokens, *value_tokens)
+                                 tiles, *key_tokens, *value_tokens)
     return out.view(len(key_tokens), *x.shape[:-1], value_tokens[0].shape[-1])
 
 

@@ -3,8 +3,9 @@
 
     plain   plain.py: the reference formula under autograd (about three [tokens, n] tensors kept)
     fused   fused.py: one autograd node keeping one [tokens, n] score matrix for backward
-    flash   flash.py: tiles, keeping the input and O(tokens) statistics, whatever n is; its tile backend:
-              pytorch   tiles_torch.py
+    flash   flash.py: tiles, keeping the input and O(tokens) statistics, whatever n is
+The tile backend (config key flash_backend) runs Θ's elementwise work of flash, and of fused where it is Triton:
+              pytorch   tiles_torch.py for flash; fused's own PyTorch passes
               triton    tiles_triton.py (Triton kernels; on a CPU only under Triton's interpreter)
               auto      triton on CUDA tensors, pytorch elsewhere
 
@@ -44,10 +45,15 @@ def check_choice(key: str, name: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{key}={name!r}: must be one of {', '.join(choices)}")
 
 
+def resolved_backend(backend: str, device: torch.device) -> str:
+    """The tile backend `backend` names for tensors on `device`: auto is Triton on CUDA, PyTorch elsewhere."""
+    check_choice("flash_backend", backend, FLASH_BACKENDS)
+    return ("triton" if device.type == "cuda" else "pytorch") if backend == "auto" else backend
+
+
 def tile_functions(backend: str, device: torch.device) -> ModuleType:
     """The tile backend module `backend` names for tensors on `device` (auto: Triton on CUDA)."""
-    check_choice("flash_backend", backend, FLASH_BACKENDS)
-    resolved = ("triton" if device.type == "cuda" else "pytorch") if backend == "auto" else backend
+    resolved = resolved_backend(backend, device)
     try:
         return importlib.import_module(TILE_BACKENDS[resolved])
     except ImportError as error:
@@ -56,12 +62,20 @@ def tile_functions(backend: str, device: torch.device) -> ModuleType:
 
 
 def pattentions_function(impl: str, flash_backend: str = "auto") -> Callable[..., Tensor]:
-    """The function computing several Pattentions of one input by implementation `impl` (and, for flash,
-    tile backend `flash_backend`, resolved for each call's device); see the module docstring."""
+    """The function computing several Pattentions of one input by implementation `impl` (and, for flash and
+    fused, tile backend `flash_backend`, resolved for each call's device); see the module docstring."""
     check_choice("pattention_impl", impl, PATTENTION_IMPLS)
     check_choice("flash_backend", flash_backend, FLASH_BACKENDS)
-    if impl != "flash":
+    if impl == "plain":
         return IMPLEMENTATIONS[impl]
+    if impl == "fused":
+        def fused(x: Tensor, key_tokens: Sequence[Tensor], value_tokens: Sequence[Tensor], theta: str, tau: float,
+                  norm_token_counts: Sequence[int | Tensor], reduce_sum: Reduce = identity,
+                  reduce_max: Reduce = identity) -> Tensor:
+            triton = resolved_backend(flash_backend, x.device) == "triton"
+            return fused_pattentions(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum,
+                                     reduce_max, tiles=tile_functions("triton", x.device) if triton else None)
+        return fused
 
     def flash(x: Tensor, key_tokens: Sequence[Tensor], value_tokens: Sequence[Tensor], theta: str, tau: float,
               norm_token_counts: Sequence[int | Tensor], reduce_sum: Reduce = identity,

@@ -3,15 +3,19 @@ flash Pattention (flash.py).
 
 A tile is a = τ·X_R·K_jᵀ for a block R of input rows and a block j of parameter tokens, in the input dtype;
 row statistics ([R, 1]) and all arithmetic are fp32; the tensors handed on to the next GEMM are in a's dtype.
-The forward functions may overwrite a (the caller's scratch tile, not used afterwards).
-flash.py runs the GEMMs around these functions; tiles_triton.py implements the same six
-functions as Triton kernels (one pass over the tile each) with the same arguments and results.
+No function writes to its arguments. flash.py runs the GEMMs around these functions on each tile, and fused.py
+(when it runs Θ in kernels) on its whole [tokens, n] score matrix; tiles_triton.py implements the same functions
+as Triton kernels (one pass over the tile each) with the same arguments and results.
 
 With r = √N/√s (s: the row statistic over all N tokens), m the row max, q = N/s and c the backward's row
 reduction (see flash.py), `coef` being c·live/s or c·q/N respectively:
     l2_norm_gelu   forward  W = GeLU(r·a)
                    backward D = GeLU'(r·a)·r·dW and Σ D·(r·a)         (and W again, for dV; dA = D − k·r·a
                             needs Σ over all tiles, so its second term is applied after them)
+                   fused's backward, which holds all tiles at once: c = Σ D·(r·a) (l2_norm_gelu_backward_dot),
+                            then W and dA = D − k·r·a with k = c·live/N (l2_norm_gelu_gradient)
+    statistics     sum_squares: Σ a² (fused's l2_norm_gelu s); gelu_l2_norm_backward_dot: Σ r·dW·GeLU(a);
+                   softmax_backward_dot: Σ q·dW·exp(a − m) (the backward's c of the other two, for fused)
     gelu_l2_norm   forward  G = GeLU(a), Σ G²
                    backward dA = GeLU'(a)·(r·dW − coef·G)             (and r·G, for dV)
     softmax        forward  E = exp(a − m'), Σ E, m' = max(m, rowmax a)
@@ -32,8 +36,18 @@ def _gelu_slope(grad: Tensor, at: Tensor) -> Tensor:
     return torch.ops.aten.gelu_backward(grad, at)
 
 
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Σ a·b along each row, [R, 1]."""
+    return torch.linalg.vecdot(a, b).unsqueeze(-1)
+
+
+def sum_squares(a: Tensor) -> Tensor:
+    a32 = at_least_fp32(a)
+    return _row_dot(a32, a32)
+
+
 def l2_norm_gelu_forward(a: Tensor, row: Tensor) -> Tensor:
-    return F.gelu(at_least_fp32(a).mul_(row)).to(a.dtype)  # a is the caller's scratch tile: overwritten
+    return F.gelu(at_least_fp32(a) * row).to(a.dtype)
 
 
 def gelu_l2_norm_forward(a: Tensor) -> tuple[Tensor, Tensor]:
@@ -51,7 +65,7 @@ def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Ten
 def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     z = at_least_fp32(a) * row
     d = _gelu_slope(at_least_fp32(grad_w) * row, z)
-    return F.gelu(z).to(a.dtype), d.to(a.dtype), torch.linalg.vecdot(d, z).unsqueeze(-1)
+    return F.gelu(z).to(a.dtype), d.to(a.dtype), _row_dot(d, z)
 
 
 def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
@@ -65,3 +79,22 @@ def softmax_backward(a: Tensor, grad_w: Tensor, row_max: Tensor, q: Tensor, coef
     e = torch.exp(at_least_fp32(a) - row_max)
     grad_a = (at_least_fp32(grad_w) * q - coef) * e
     return (e * q).to(a.dtype), grad_a.to(a.dtype)
+
+
+def l2_norm_gelu_backward_dot(a: Tensor, grad_w: Tensor, row: Tensor) -> Tensor:
+    z = at_least_fp32(a) * row
+    return _row_dot(_gelu_slope(at_least_fp32(grad_w) * row, z), z)
+
+
+def l2_norm_gelu_gradient(a: Tensor, grad_w: Tensor, row: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    z = at_least_fp32(a) * row
+    grad_a = _gelu_slope(at_least_fp32(grad_w) * row, z) - k * z
+    return F.gelu(z).to(a.dtype), grad_a.to(a.dtype)
+
+
+def gelu_l2_norm_backward_dot(a: Tensor, grad_w: Tensor, row: Tensor) -> Tensor:
+    return _row_dot(at_least_fp32(grad_w) * row, F.gelu(at_least_fp32(a)))
+
+
+def softmax_backward_dot(a: Tensor, grad_w: Tensor, row_max: Tensor, q: Tensor) -> Tensor:
+    return _row_dot(at_least_fp32(grad_w) * q, torch.exp(at_least_fp32(a) - row_max))

@@ -1,12 +1,12 @@
-"""The Triton tile backend: Θ on one tile of scores as Triton kernels, the six functions of tiles_torch.py with
+"""The Triton tile backend: Θ on one tile of scores as Triton kernels, the functions of tiles_torch.py with
 the same arguments and results.
 
 tiles_torch.py gives the math and is the reference. Each PyTorch version makes several passes over the tile
 (one per elementwise op, each with an [R, C] temporary); each kernel here reads a (and grad_w) once, computes
 in fp32 registers and writes its results once. Elementwise functions run one program per BLOCK_R × BLOCK_C
 block; the three with a row reduction (gelu_l2_norm_forward's Σ G², softmax_forward's row max and Σ E,
-l2_norm_gelu_backward's Σ D·Z) run one program per ROW_BLOCK_R rows, looping over the columns.
-softmax_forward alone reads a twice (see its kernel).
+l2_norm_gelu_backward's Σ D·Z, sum_squares and the three backward dots) run one program per ROW_BLOCK_R rows,
+looping over the columns. softmax_forward alone reads a twice (see its kernel).
 """
 
 from __future__ import annotations
@@ -170,6 +170,61 @@ def _softmax_forward_kernel(a_ptr, running_max_ptr, e_ptr, sum_ptr, new_max_ptr,
     tl.store(new_max_ptr + rows, new_max, mask=rows < R)
 
 
+@triton.jit
+def _sum_squares_kernel(a_ptr, sq_ptr, R, C, BR: tl.constexpr, BC: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    sq = tl.zeros([BR], dtype=tl.float32)
+    for start in range(0, C, BC):
+        cols = start + tl.arange(0, BC)
+        mask = (rows[:, None] < R) & (cols[None, :] < C)
+        a = tl.load(a_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        sq += tl.sum(a * a, axis=1)
+    tl.store(sq_ptr + rows, sq, mask=rows < R)
+
+
+# Θ of the backward dot kernel: the term each Θ sums along a row (tiles_torch.py's *_backward_dot).
+_L2_NORM_GELU, _GELU_L2_NORM, _SOFTMAX = (tl.constexpr(i) for i in range(3))
+
+
+@triton.jit
+def _backward_dot_kernel(a_ptr, grad_ptr, factor_ptr, max_ptr, dot_ptr, R, C, THETA: tl.constexpr,
+                         BR: tl.constexpr, BC: tl.constexpr):
+    # factor: r (the l2 variants) or q (softmax); max: softmax's row max. A masked entry has grad_w = 0 and adds 0.
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    factor = tl.load(factor_ptr + rows, mask=rows < R, other=0.0)[:, None]
+    row_max = tl.load(max_ptr + rows, mask=rows < R, other=0.0)[:, None]
+    dot = tl.zeros([BR], dtype=tl.float32)
+    for start in range(0, C, BC):
+        cols = start + tl.arange(0, BC)
+        offsets = rows[:, None] * C + cols[None, :]
+        mask = (rows[:, None] < R) & (cols[None, :] < C)
+        a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        scaled_grad = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * factor
+        if THETA == _L2_NORM_GELU:
+            z = a * factor
+            term = _gelu_grad(z, _cdf(z)) * scaled_grad * z
+        elif THETA == _GELU_L2_NORM:
+            term = scaled_grad * a * _cdf(a)
+        else:
+            term = scaled_grad * tl.exp(a - row_max)
+        dot += tl.sum(term, axis=1)
+    tl.store(dot_ptr + rows, dot, mask=rows < R)
+
+
+@triton.jit
+def _l2_norm_gelu_gradient_kernel(a_ptr, grad_ptr, row_ptr, k_ptr, w_ptr, grad_a_ptr, R, C,
+                                  BR: tl.constexpr, BC: tl.constexpr):
+    rows, offsets, mask = _block(R, C, BR, BC)
+    row = tl.load(row_ptr + rows, mask=rows < R)[:, None]
+    k = tl.load(k_ptr + rows, mask=rows < R)[:, None]
+    z = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * row
+    grad_w = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    cdf = _cdf(z)
+    tl.store(w_ptr + offsets, (z * cdf).to(w_ptr.dtype.element_ty), mask=mask)
+    grad_a = _gelu_grad(z, cdf) * (grad_w * row) - k * z
+    tl.store(grad_a_ptr + offsets, grad_a.to(grad_a_ptr.dtype.element_ty), mask=mask)
+
+
 def _grid(a: Tensor) -> tuple[int, int]:
     return triton.cdiv(a.shape[0], BLOCK_R), triton.cdiv(a.shape[1], BLOCK_C)
 
@@ -224,3 +279,36 @@ def softmax_backward(a: Tensor, grad_w: Tensor, row_max: Tensor, q: Tensor, coef
     qe, grad_a = torch.empty_like(a), torch.empty_like(a)
     _softmax_backward_kernel[_grid(a)](a, grad_w, row_max, q, coef, qe, grad_a, *a.shape, **_TILE)
     return qe, grad_a
+
+
+def sum_squares(a: Tensor) -> Tensor:
+    a = a.contiguous()
+    sq = _stat(a)
+    _sum_squares_kernel[_row_grid(a)](a, sq, *a.shape, **_ROWS)
+    return sq
+
+
+def _backward_dot(theta: tl.constexpr, a: Tensor, grad_w: Tensor, factor: Tensor, row_max: Tensor) -> Tensor:
+    a, grad_w, factor, row_max = a.contiguous(), grad_w.contiguous(), factor.contiguous(), row_max.contiguous()
+    dot = _stat(a)
+    _backward_dot_kernel[_row_grid(a)](a, grad_w, factor, row_max, dot, *a.shape, THETA=theta.value, **_ROWS)
+    return dot
+
+
+def l2_norm_gelu_backward_dot(a: Tensor, grad_w: Tensor, row: Tensor) -> Tensor:
+    return _backward_dot(_L2_NORM_GELU, a, grad_w, row, row)  # (no row max: any [R, 1] tensor)
+
+
+def gelu_l2_norm_backward_dot(a: Tensor, grad_w: Tensor, row: Tensor) -> Tensor:
+    return _backward_dot(_GELU_L2_NORM, a, grad_w, row, row)
+
+
+def softmax_backward_dot(a: Tensor, grad_w: Tensor, row_max: Tensor, q: Tensor) -> Tensor:
+    return _backward_dot(_SOFTMAX, a, grad_w, q, row_max)
+
+
+def l2_norm_gelu_gradient(a: Tensor, grad_w: Tensor, row: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    a, grad_w, row, k = a.contiguous(), grad_w.contiguous(), row.contiguous(), k.contiguous()
+    w, grad_a = torch.empty_like(a), torch.empty_like(a)
+    _l2_norm_gelu_gradient_kernel[_grid(a)](a, grad_w, row, k, w, grad_a, *a.shape, **_TILE)
+    return w, grad_a
