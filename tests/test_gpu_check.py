@@ -77,6 +77,9 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
         assert run["tokens_per_sec"] > 0 and run["tflops_per_device"] > 0 and run["peak_memory_gib"] > 0.1
         assert run["mfu"] is None  # a CPU has no peak in the table
     assert training["details"]["fused_vs_flash_max_relative_loss_gap"] < 1e-4
+    full = steps["training-full"]
+    assert full["status"] == "ok", full
+    assert full["details"]["run"]["iterations"] == 4 and full["details"]["run"]["tokens_per_sec"] > 0
     assert set(report["targets"]) == set(TARGETS)
     assert report["targets"]["script wall time (s)"]["verdict"] == "met"
     markdown = (out / "gpu_check.md").read_text()
