@@ -534,3 +534,34 @@ def test_a_converted_checkpoint_loads_directly_into_another_layout(tensor_parall
                         f"save={tmp_path / 'trained'}", f"log_dir={tmp_path}/trained-logs", "eval_iters=0")
     assert (tmp_path / "trained" / "latest").read_text().strip() == "global_step2"
     assert "loaded the weights of" in trained.stdout
+
+
+DENSE = {"model_type": "transformer", "qkv_slot_num": None, "proj_slot_num": None, "ffn_slot_num": None}
+
+
+@pytest.mark.parametrize("variant", [{"rotary_pct": 0.25}, {"no_weight_tying": True, "norm": "layernorm"}],
+                         ids=["quarter-rotary-tied", "untied-affine-norms"])
+def test_a_dense_model_exports_as_gpt_neox_with_the_frameworks_logits_and_generation(variant, tmp_path):
+    """The dense baseline loads as transformers' own GPTNeoXForCausalLM (no remote code, no code files written)
+    and computes the framework's logits; its KV-cache generation follows the framework's forward pass."""
+    model, export = random_export(tmp_path, {**DENSE, **variant})
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    assert not any((tmp_path / "hf" / name).exists() for name in CODE_FILES)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("gpt_neox", ["GPTNeoXForCausalLM"])
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    assert type(hf).__name__ == "GPTNeoXForCausalLM"
+    tokens = torch.randint(0, 257, (3, 100), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(tokens)
+        assert relative_difference(hf(tokens).logits, expected) <= TOLERANCE
+    new_tokens, step_logits = greedy(hf, tokens[:, :20], 8)
+    assert_every_step_is_the_forward_pass(model, tokens[:, :20], new_tokens, step_logits)
+
+
+def test_a_dense_model_with_learned_positions_is_refused_before_anything_is_written(tmp_path, capsys):
+    _, export = random_export(tmp_path, {**DENSE, "pos_emb": "learned"})
+    with pytest.raises(SystemExit) as exit_info:
+        convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    assert exit_info.value.code == 2 and not (tmp_path / "hf").exists()
+    assert "pos_emb='learned'" in capsys.readouterr().err

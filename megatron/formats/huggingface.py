@@ -1,5 +1,7 @@
 """A TokenFormer state dict and Config <-> a Hugging Face model directory (tools/convert_to_hf.py,
-tools/convert_from_hf.py). Needs no `transformers`: the directory is files written here.
+tools/convert_from_hf.py). Needs no `transformers`: the directory is files written here. The dense baseline
+(`model_type: transformer`) exports as transformers' own GPTNeoXForCausalLM instead (gpt_neox.py; no remote code,
+and no conversion back).
 
     DIR/config.json                      model_type "tokenformer", every architecture field, auto_map to:
     DIR/configuration_tokenformer.py     TokenFormerConfig       (copies of megatron/hf/; torch + transformers only)
@@ -34,6 +36,7 @@ from torch import Tensor
 
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config
+from megatron.formats import gpt_neox
 from megatron.formats.consolidated import (
     CONFIG_NAME,
     read_config,
@@ -221,22 +224,30 @@ def _write_json(path: Path, value: dict) -> None:
 def write_hf_directory(state: dict[str, Tensor], cfg: Config, out: str | Path, max_shard_bytes: int) -> list[str]:
     """Write the model (`state`, whole, as read_state returns it; `cfg` its config) into `out`, a new or empty
     directory, under a temporary name renamed to `out` when complete. Returns what was written, one line each."""
-    if cfg.model_type != "tokenformer":
-        raise ValueError(f"model_type {cfg.model_type}: the Hugging Face export writes TokenFormers (remote code "
-                         "modeling_tokenformer.py); exporting the dense baseline is not implemented")
-    out = require_new_or_empty(out, "OUTPUT_DIR")
     padded = state["word_embeddings.weight"].shape[0]
     args = TokenFormerArgs.from_config(cfg, padded_vocab_size=padded, checkpoint_activations=False)
+    dense = args.model_type == "transformer"
+    if dense:
+        gpt_neox.check_exportable(args)
+    out = require_new_or_empty(out, "OUTPUT_DIR")
     tokenizer, tokenizer_line = run_tokenizer(cfg, padded)
+    if dense:
+        config = gpt_neox.gpt_neox_config(args)
+        if tokenizer:
+            config.update(bos_token_id=tokenizer.eod, eos_token_id=tokenizer.eod, pad_token_id=tokenizer.pad)
+        weights_of, code_files = gpt_neox.gpt_neox_state(state, args), ()
+    else:
+        config = hf_config(args, token_counts(state, args.num_layers), tokenizer)
+        weights_of, code_files = to_hf_state(state), CODE_FILES
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)  # this process's name: a leftover of nothing else
     partial.mkdir()
     try:
-        _write_json(partial / CONFIG_NAME, hf_config(args, token_counts(state, args.num_layers), tokenizer))
+        _write_json(partial / CONFIG_NAME, config)
         _write_json(partial / "generation_config.json", generation_config(padded, tokenizer))
-        weights = write_safetensors_shards(to_hf_state(state), partial, max_shard_bytes)
-        for name in CODE_FILES:
+        weights = write_safetensors_shards(weights_of, partial, max_shard_bytes)
+        for name in code_files:
             shutil.copyfile(REMOTE_CODE / name, partial / name)
         if tokenizer is not None and tokenizer.fast is not None:
             _tokenizer_files(tokenizer, partial, args.max_position_embeddings)
@@ -246,7 +257,8 @@ def write_hf_directory(state: dict[str, Tensor], cfg: Config, out: str | Path, m
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return [f"wrote {out}: {CONFIG_NAME}, {', '.join(p.name for p in weights)}, {', '.join(CODE_FILES)}, "
+    kind = "GPTNeoXForCausalLM (transformers' own code)" if dense else "TokenFormerForCausalLM (remote code)"
+    return [f"wrote {out}: {kind}: {', '.join([CONFIG_NAME, *(p.name for p in weights), *code_files])}, "
             "generation_config.json", tokenizer_line]
 
 
