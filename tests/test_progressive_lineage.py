@@ -1,7 +1,8 @@
 """tools/progressive_scaling.py pins each stage when it starts (work_dir/NAME/lineage.json): a re-run that finds the
 shared config files or the plan changed for a started stage refuses, naming the key and both values, or with
---redo-changed redoes that stage and those after it, grown and scored anew; a SLURM chain's step job, which
-re-reads the plan, refuses a plan changed since the submission (megatron/progressive/lineage*.py)."""
+--redo-changed redoes that stage and those after it, grown and scored anew; a SLURM chain's step jobs and
+training jobs, which re-read the plan, refuse a plan changed since the submission (megatron/progressive/lineage*.py,
+tools/slurm/train.sbatch)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,13 @@ def test_a_shared_config_edit_refuses_started_stages_and_their_step_jobs(finishe
             "continue the stage, or run again with --redo-changed to redo it and the stage(s) grown from it (s2): "
             f"their directories are moved to {tmp_path}/edited/work/replaced/") in refused.stderr
     assert not (tmp_path / "edited" / "work" / "replaced").exists()
+    for view in ("--status", "--dry-run"):  # both say so, and change nothing
+        shown = driver(plan, view)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        for stage in ("s1", "s2"):
+            assert (f"{stage}: changed since it was pinned: config.weight_decay: recorded 0.1, now 0.01 (a run "
+                    f"refuses; --redo-changed redoes it and the stages after it)") in shown.stdout, (view, shown.stdout)
+    assert lineage(tmp_path / "edited" / "work", "s1")["config"]["weight_decay"] == 0.1
     step = driver(plan, "--step", "finish", "--stage", "s2")
     assert step.returncode == 2 and ("stage 's1' (stages[0]): the plan or its config files changed since the stage "
                                      "was pinned") in step.stderr
@@ -122,3 +130,29 @@ def test_a_config_file_edited_while_the_plan_runs_stops_the_next_step(demo_data,
         check_unchanged(plan, resolve_plan(plan), plan.stages)
     assert "stage 's1' (stages[0]): the plan or its config files changed" in str(error.value)
     assert "config.seed: recorded 1234, now 7" in str(error.value)
+
+
+def test_a_chain_training_job_checks_the_lineage_before_it_trains(demo_data, tmp_path):
+    """train.sbatch as the chain submits it (PROGRESSIVE_PLAN, PROGRESSIVE_STAGE): on the pinned plan the check
+    passes and the script goes on (here, outside SLURM, to its next line's refusal); after a shared config file was
+    edited, it stops first, naming the key, and nothing trains."""
+    plan_path = write_plan(tmp_path, demo_data, two_stages())
+    plan = read_plan(plan_path)
+    prepare_stages(plan, resolve_plan(plan, slurm=True))
+    environment = {**os.environ, "PROGRESSIVE_PLAN": str(plan_path), "PROGRESSIVE_STAGE": "s1",
+                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    environment.pop("SLURM_NTASKS_PER_NODE", None)
+
+    def job() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "tools/slurm/train.sbatch", *map(str, plan.config_files(plan.stages[0]))],
+                              cwd=REPO, env=environment, capture_output=True, text=True, timeout=300)
+
+    pinned = job()
+    assert "s1: the plan and its config files are as pinned" in pinned.stdout, pinned.stdout + pinned.stderr
+    assert "submit with --ntasks-per-node" in pinned.stderr
+    shared = plan.configs[-1]
+    shared.write_text(yaml.safe_dump({**yaml.safe_load(shared.read_text()), "seed": 7}))
+    edited = job()
+    assert edited.returncode == 2, edited.stdout + edited.stderr
+    assert "config.seed: recorded 1234, now 7" in edited.stderr and "ntasks-per-node" not in edited.stderr
+    assert not (tmp_path / "work" / "s1" / "checkpoints").exists()

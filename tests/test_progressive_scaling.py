@@ -162,6 +162,8 @@ def test_slurm_dry_run_is_a_chain_with_afterok_dependencies(demo_data, tmp_path,
     assert [job.split(":")[0] for job in jobs] == ["s1 train", "s2 grow", "s2 train", "s2 finish"]
     assert "--dependency" not in jobs[0] and "'--dependency=afterok:<job id of s1 train>'" in jobs[1]
     assert "'--dependency=afterok:<job id of s2 grow>'" in jobs[2] and "EVAL_BEFORE_TRAINING=1" in jobs[2]
+    assert "PROGRESSIVE_STAGE=s1" in jobs[0] and "PROGRESSIVE_STAGE=s2" in jobs[2]  # the lineage check first
+    assert f"PROGRESSIVE_PLAN={tmp_path / 'plan.yml'}" in jobs[0]
     assert "--ntasks-per-node=2 --gpus-per-node=2" in jobs[0] and jobs[0].index("--gpus-per-node=0") > jobs[0].index(
         "--gpus-per-node=2")  # the user's options come last: they override the driver's
     assert "tools/slurm/train.sbatch" in jobs[0] and "tools/slurm/progressive_step.sbatch" in jobs[1]

@@ -36,7 +36,7 @@ from pathlib import Path
 from megatron.config import ConfigError
 from megatron.progressive.commands import REPO, shown
 from megatron.progressive.dry_run import stage_table, step_commands
-from megatron.progressive.lineage_check import REDO_FLAG, prepare_stages
+from megatron.progressive.lineage_check import CHECK, REDO_FLAG, changed_stage_lines, prepare_stages
 from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.processes import Interrupted, StepFailed
@@ -60,7 +60,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(the shared config files or the plan edited), and every stage after it, instead of refusing; "
                         "their directories are moved to work_dir/replaced/")
     parser.add_argument("--quiet", action="store_true", help="run locally without echoing each step's output")
-    parser.add_argument("--step", choices=(GROW, FINISH), help=argparse.SUPPRESS)  # a SLURM chain's step jobs
+    parser.add_argument("--step", choices=(GROW, FINISH, CHECK), help=argparse.SUPPRESS)  # a SLURM chain's jobs
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.slurm and Path.cwd().resolve() != REPO:
@@ -109,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             mode = "a SLURM job chain" if args.slurm else "this machine"
             print(f"plan {plan.path}: {len(resolved)} stages in {plan.work_dir}, on {mode}\n")
             print("\n".join(stage_table(resolved)))
+            changed = changed_stage_lines(plan, resolved)
+            if changed:
+                print("\n" + "\n".join(changed))
             print("\nsteps to do:" if steps else "\nnothing to do: the plan is complete")
             print("\n".join(f"  {line}" for line in step_commands(plan, resolved, steps, args.slurm,
                                                                   args.sbatch_option)))

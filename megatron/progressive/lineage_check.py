@@ -4,8 +4,9 @@ Before a run or a submission, a stage that has started (it has a checkpoint) and
 refused, naming each key with its recorded and its new value; with --redo-changed it is redone instead, with
 every stage after it (each grew from the one before): their directories are moved to work_dir/replaced/, so
 the redone stage is grown, scored and trained anew (its metrics start empty, so its grown model is re-scored).
-Stages not started yet are pinned as the plan gives them now. Before each step, and in each step job of a
-SLURM chain, the stage must still resolve to its lineage: a config file edited meanwhile stops the plan.
+Stages not started yet are pinned as the plan gives them now. Before each step, and in each job of a SLURM
+chain (step jobs, and training jobs before they train: `--step check`), the stages must still resolve to their
+lineage: a config file edited meanwhile stops the plan.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from megatron.progressive.stage_config import ResolvedStage
 from megatron.progressive.stage_file import prepare_stage_files
 
 REDO_FLAG = "--redo-changed"
+CHECK = "check"  # the driver's --step that only checks the lineage (a SLURM chain's training jobs run it)
 REPLACED = "replaced"
 
 
@@ -41,13 +43,22 @@ def _move_aside(plan: Plan, stage: Stage) -> Path:
     return destination
 
 
+def _changed_started(plan: Plan, resolved: list[ResolvedStage]) -> list[tuple[Stage, list]]:
+    """(stage, its changes) for every started stage whose lineage changed, in plan order."""
+    return [(stage, changes) for stage in plan.stages
+            if _started(plan, stage) and (changes := lineage_changes(plan, resolved, stage))]
+
+
+def changed_stage_lines(plan: Plan, resolved: list[ResolvedStage]) -> list[str]:
+    """What --status and --dry-run say of started stages whose lineage changed: one line each."""
+    return [f"{stage.name}: changed since it was pinned: {describe_changes(changes)} (a run refuses; {REDO_FLAG} "
+            "redoes it and the stages after it)" for stage, changes in _changed_started(plan, resolved)]
+
+
 def refuse_or_redo(plan: Plan, resolved: list[ResolvedStage], redo: bool) -> list[tuple[Stage, Path]]:
     """PlanError for the first started stage whose lineage changed; with `redo`, that stage's directory and those
     of the stages after it moved aside instead: (stage, where it went) for each."""
-    for stage in plan.stages:
-        changes = lineage_changes(plan, resolved, stage) if _started(plan, stage) else []
-        if not changes:
-            continue
+    for stage, changes in _changed_started(plan, resolved)[:1]:
         after = [later for later in plan.stages[stage.index + 1:] if plan.directory(later).exists()]
         if not redo:
             raise plan.error(_refusal(plan, stage, changes, after))

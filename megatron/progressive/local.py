@@ -15,7 +15,7 @@ import time
 
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free, hold_save_directory
 from megatron.progressive.commands import evaluate_command, grow_command, source_tag, train_command
-from megatron.progressive.lineage_check import check_unchanged, prepare_stages
+from megatron.progressive.lineage_check import CHECK, check_unchanged, prepare_stages
 from megatron.progressive.plan import Plan, Stage
 from megatron.progressive.processes import run_step
 from megatron.progressive.progress import (
@@ -118,12 +118,16 @@ def _run(plan: Plan, by_name: dict[str, ResolvedStage], step: Step, echo: bool) 
 
 def run_single_step(plan: Plan, resolved: list[ResolvedStage], kind: str, stage_name: str) -> None:
     """One grow or finish step, as a SLURM chain's step job runs it; done steps are skipped, and a step whose
-    stage before is not complete is refused."""
+    stage before is not complete is refused. CHECK only holds the plan to its pinned lineage: a chain's training
+    job runs it before it trains."""
     by_name = {entry.stage.name: entry for entry in resolved}
     if stage_name not in by_name:
         raise plan.error(f"--stage {stage_name!r} is not a stage of the plan ({', '.join(by_name)})")
     stage = by_name[stage_name].stage
     check_unchanged(plan, resolved, plan.stages)  # the job re-read the plan: it must be the one submitted
+    if kind == CHECK:
+        _say(f"{stage.name}: the plan and its config files are as pinned")
+        return
     before = plan.previous(stage) if kind == GROW else stage
     if before is None:
         raise plan.error(f"{stage.where()} is the first stage: it is trained from scratch, not grown")

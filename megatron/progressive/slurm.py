@@ -1,7 +1,9 @@
 """A plan as a chain of sbatch jobs, each starting only if the one before succeeded (--dependency=afterok).
 
 Each stage trains in a tools/slurm/train.sbatch job asking num_nodes × num_gpus tasks (with
-EVAL_BEFORE_TRAINING=1 after a growth: the job first scores the grown checkpoint); each growth, and the
+EVAL_BEFORE_TRAINING=1 after a growth: the job first scores the grown checkpoint; with PROGRESSIVE_PLAN and
+PROGRESSIVE_STAGE it first runs this driver's lineage check, so that a config file edited while the job waited
+in the queue stops the chain instead of training the stage on it); each growth, and the
 publication of work_dir/final at the end, is a small CPU job of its own running this driver's step
 (tools/slurm/progressive_step.sbatch). --kill-on-invalid-dep=yes makes SLURM cancel the rest of the chain when
 a job fails. What to submit comes from the work_dir (progress.py), so re-running the command after a failure
@@ -75,9 +77,12 @@ def _sbatch(plan: Plan, step: Step, dependency: str | None) -> list[str]:
 def _train_job(plan: Plan, resolved: ResolvedStage, evaluate_first: bool) -> tuple[list[str], list[str]]:
     """(sbatch options, script and its arguments) of a stage's training job."""
     nodes, tasks = allocation(resolved.config)
-    options = [f"--nodes={nodes}", f"--ntasks-per-node={tasks}", f"--gpus-per-node={tasks}"]
-    if evaluate_first:
-        options.append("--export=ALL,EVAL_BEFORE_TRAINING=1")
+    if "," in str(plan.path):
+        raise plan.error(f"the plan's path {plan.path} has a comma, which sbatch --export cannot pass on: rename it")
+    exports = ["ALL", f"PROGRESSIVE_PLAN={plan.path}", f"PROGRESSIVE_STAGE={resolved.stage.name}",
+               *(["EVAL_BEFORE_TRAINING=1"] if evaluate_first else [])]
+    options = [f"--nodes={nodes}", f"--ntasks-per-node={tasks}", f"--gpus-per-node={tasks}",
+               f"--export={','.join(exports)}"]
     return options, [TRAIN_SBATCH, *map(str, plan.config_files(resolved.stage))]
 
 

@@ -1,8 +1,9 @@
 """--status: one line per stage, from the work_dir (how far each stage got, its losses, the growth check) and,
-for a SLURM chain, the state of each stage's newest jobs."""
+for a SLURM chain, the state of each stage's newest jobs; then any started stage whose pinned lineage changed."""
 
 from __future__ import annotations
 
+from megatron.progressive.lineage_check import changed_stage_lines
 from megatron.progressive.plan import Plan
 from megatron.progressive.progress import checkpoint_iteration, final_is_published, growth_validation, last_validation
 from megatron.progressive.slurm import job_state, submitted_jobs
@@ -45,4 +46,4 @@ def status_lines(plan: Plan, resolved: list[ResolvedStage]) -> list[str]:
         lines.append(f"{entry.stage.name:<{width}}  {_progress(plan, entry)}" + (f" | {jobs}" if jobs else ""))
     final = f"{plan.final} -> {plan.final.resolve()}" if final_is_published(plan) else "not published yet"
     lines.append(f"{'final':<{width}}  {final}")
-    return lines
+    return lines + changed_stage_lines(plan, resolved)
