@@ -266,6 +266,14 @@ def training_overlay(check: Check, data: Path, tokenizer: Path, iterations: int,
     return path
 
 
+def deepy_command(overlay: Path, overrides: list[str], log_dir: Path) -> list[str]:
+    """deepy.py training configs/1-5B.yml under `overlay` and `overrides`, logging to `log_dir`, on a free port."""
+    from tests.distributed import free_port
+
+    return [sys.executable, "deepy.py", "train.py", "configs/1-5B.yml", str(overlay), *overrides,
+            f"log_dir={log_dir}", f"master_port={free_port()}"]
+
+
 def read_train_records(log_dir: Path) -> list[dict]:
     lines = (log_dir / "metrics.jsonl").read_text().splitlines()
     return [record for record in map(json.loads, lines) if record["split"] == "train"]
@@ -285,8 +293,6 @@ def step_training(check: Check, result: StepResult) -> None:
     """Throughput of flash and fused as users run them; then, with deterministic kernels (on a GPU the atomics of
     the embedding's and attention's backward otherwise change the last bits from run to run), fused uninterrupted,
     stopped and resumed, to compare bitwise."""
-    from tests.distributed import free_port
-
     iterations, stop = (8, 5) if check.cpu else (30, 20)
     data, tokenizer = write_training_data(check.work / "data")
     overlay = training_overlay(check, data, tokenizer, iterations)
@@ -298,8 +304,7 @@ def step_training(check: Check, result: StepResult) -> None:
     summaries = {}
     for name, overrides in runs.items():
         log_dir = check.work / "logs" / name.replace(" ", "_")
-        done = check.run([sys.executable, "deepy.py", "train.py", "configs/1-5B.yml", str(overlay), *overrides,
-                          f"log_dir={log_dir}", f"master_port={free_port()}"], timeout=150 if not check.cpu else 300)
+        done = check.run(deepy_command(overlay, overrides, log_dir), timeout=150 if not check.cpu else 300)
         if done.returncode != 0:
             result.status = "failed"
             result.summary = f"{name}: deepy.py exited {done.returncode}"
@@ -331,15 +336,11 @@ def step_training(check: Check, result: StepResult) -> None:
 
 def step_training_full(check: Check, result: StepResult) -> None:
     """configs/1-5B.yml at its own depth, fused, micro-batch 8, as users train it: the MFU the target reads."""
-    from tests.distributed import free_port
-
     iterations = 4 if check.cpu else 20
     data, tokenizer = write_training_data(check.work / "data")
     overlay = training_overlay(check, data, tokenizer, iterations, full_depth=True)
     log_dir = check.work / "logs" / "full_depth"
-    done = check.run([sys.executable, "deepy.py", "train.py", "configs/1-5B.yml", str(overlay),
-                      "pattention_impl=fused", f"log_dir={log_dir}", f"master_port={free_port()}"],
-                     timeout=240 if not check.cpu else 300)
+    done = check.run(deepy_command(overlay, ["pattention_impl=fused"], log_dir), timeout=240 if not check.cpu else 300)
     if done.returncode != 0:
         result.status = "failed"
         result.summary = f"deepy.py exited {done.returncode}"

@@ -1,7 +1,7 @@
 """The dense baseline (`model_type: transformer`, megatron/model/dense.py) as a Hugging Face GPTNeoXForCausalLM:
 transformers runs it with its own code, no remote code, so a dense run's model is compared, evaluated and shared
 like any GPT-NeoX model. huggingface.py writes the directory (config.json from `gpt_neox_config`, weights from
-`gpt_neox_state`, generation config and tokenizer as for a TokenFormer).
+`gpt_neox_state`; the run's fields, generation config and tokenizer as for a TokenFormer).
 
 The layer is GPT-NeoX's with a sequential residual (`use_parallel_residual: false`), rotary on `rotary_pct` of
 each head, GeLU, biases on every linear layer; names map one to one:
@@ -61,8 +61,9 @@ def gpt_neox_state(state: dict[str, Tensor], args: TokenFormerArgs) -> dict[str,
 
 
 def gpt_neox_config(args: TokenFormerArgs) -> dict:
-    """config.json of GPTNeoXForCausalLM computing the dense model `args` describe (transformers 5 reads
-    rope_parameters, earlier versions rotary_pct and rotary_emb_base: both are written)."""
+    """config.json's architecture of GPTNeoXForCausalLM computing the dense model `args` describe (transformers 5
+    reads rope_parameters, earlier versions rotary_pct and rotary_emb_base: both are written); huggingface.py adds
+    the run's fields and token ids, as for a TokenFormer."""
     return {
         "model_type": MODEL_TYPE,
         "architectures": ["GPTNeoXForCausalLM"],
@@ -80,10 +81,4 @@ def gpt_neox_config(args: TokenFormerArgs) -> dict:
         "layer_norm_eps": args.layernorm_epsilon,
         "use_parallel_residual": False,
         "attention_bias": True,
-        "tie_word_embeddings": not args.no_weight_tying,
-        "hidden_dropout": args.hidden_dropout,
-        "attention_dropout": args.attention_dropout,
-        "initializer_range": args.init_method_std,
-        "use_cache": True,
-        "dtype": "float32",
     }

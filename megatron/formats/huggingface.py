@@ -153,10 +153,25 @@ def run_tokenizer(cfg: Config, padded_vocab_size: int) -> tuple[RunTokenizer | N
     return info, f"tokenizer: {cfg.tokenizer_type} {cfg.vocab_file} ({how}; {ids})"
 
 
+def run_fields(args: TokenFormerArgs) -> dict:
+    """config.json's fields that any exported model takes from the run: tying, dropout (which acts only when
+    fine-tuning), init range, cache, dtype."""
+    return {"tie_word_embeddings": not args.no_weight_tying, "hidden_dropout": args.hidden_dropout,
+            "attention_dropout": args.attention_dropout, "initializer_range": args.init_method_std,
+            "use_cache": True, "dtype": "float32"}
+
+
+def token_ids(tokenizer: RunTokenizer | None) -> dict:
+    """bos/eos = the end-of-document token, and pad, as config.json and generation_config.json give them."""
+    if tokenizer is None:
+        return {}
+    return {"bos_token_id": tokenizer.eod, "eos_token_id": tokenizer.eod, "pad_token_id": tokenizer.pad}
+
+
 def hf_config(args: TokenFormerArgs, counts: list[dict[str, int]], tokenizer: RunTokenizer | None) -> dict:
     """config.json of the model `args` describes (args as TokenFormerArgs.from_config gives them: the run's
     dropout, which acts only when fine-tuning)."""
-    config = {
+    return {
         "model_type": MODEL_TYPE,
         "architectures": ["TokenFormerForCausalLM"],
         "auto_map": {"AutoConfig": "configuration_tokenformer.TokenFormerConfig",
@@ -178,25 +193,16 @@ def hf_config(args: TokenFormerArgs, counts: list[dict[str, int]], tokenizer: Ru
         "layernorm_epsilon": args.layernorm_epsilon,
         "norm_activation_type": args.norm_activation_type,
         "pattention_tau": args.pattention_tau,
-        "tie_word_embeddings": not args.no_weight_tying,
-        "hidden_dropout": args.hidden_dropout,
-        "attention_dropout": args.attention_dropout,
-        "initializer_range": args.init_method_std,
-        "use_cache": True,
-        "dtype": "float32",
+        **run_fields(args),
+        **token_ids(tokenizer),
     }
-    if tokenizer:
-        config.update(bos_token_id=tokenizer.eod, eos_token_id=tokenizer.eod, pad_token_id=tokenizer.pad)
-    return config
 
 
 def generation_config(padded_vocab_size: int, tokenizer: RunTokenizer | None) -> dict:
     """generation_config.json: stop at the end-of-document token; never choose a padded vocabulary row
     (as generate.py), so greedy decoding picks generate.py's tokens."""
-    if tokenizer is None:
-        return {}
-    config = {"bos_token_id": tokenizer.eod, "eos_token_id": tokenizer.eod, "pad_token_id": tokenizer.pad}
-    if tokenizer.vocab_size < padded_vocab_size:
+    config = token_ids(tokenizer)
+    if tokenizer is not None and tokenizer.vocab_size < padded_vocab_size:
         config["suppress_tokens"] = list(range(tokenizer.vocab_size, padded_vocab_size))
     return config
 
@@ -232,9 +238,7 @@ def write_hf_directory(state: dict[str, Tensor], cfg: Config, out: str | Path, m
     out = require_new_or_empty(out, "OUTPUT_DIR")
     tokenizer, tokenizer_line = run_tokenizer(cfg, padded)
     if dense:
-        config = gpt_neox.gpt_neox_config(args)
-        if tokenizer:
-            config.update(bos_token_id=tokenizer.eod, eos_token_id=tokenizer.eod, pad_token_id=tokenizer.pad)
+        config = {**gpt_neox.gpt_neox_config(args), **run_fields(args), **token_ids(tokenizer)}
         weights_of, code_files = gpt_neox.gpt_neox_state(state, args), ()
     else:
         config = hf_config(args, token_counts(state, args.num_layers), tokenizer)

@@ -58,12 +58,14 @@ def changed_stage_lines(plan: Plan, resolved: list[ResolvedStage]) -> list[str]:
 def refuse_or_redo(plan: Plan, resolved: list[ResolvedStage], redo: bool) -> list[tuple[Stage, Path]]:
     """PlanError for the first started stage whose lineage changed; with `redo`, that stage's directory and those
     of the stages after it moved aside instead: (stage, where it went) for each."""
-    for stage, changes in _changed_started(plan, resolved)[:1]:
-        after = [later for later in plan.stages[stage.index + 1:] if plan.directory(later).exists()]
-        if not redo:
-            raise plan.error(_refusal(plan, stage, changes, after))
-        return [(moved, _move_aside(plan, moved)) for moved in (stage, *after)]
-    return []
+    changed = _changed_started(plan, resolved)
+    if not changed:
+        return []
+    stage, changes = changed[0]
+    after = [later for later in plan.stages[stage.index + 1:] if plan.directory(later).exists()]
+    if not redo:
+        raise plan.error(_refusal(plan, stage, changes, after))
+    return [(moved, _move_aside(plan, moved)) for moved in (stage, *after)]
 
 
 def prepare_stages(plan: Plan, resolved: list[ResolvedStage], redo: bool = False) -> list[tuple[Stage, Path]]:

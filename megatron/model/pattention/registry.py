@@ -68,18 +68,13 @@ def pattentions_function(impl: str, flash_backend: str = "auto") -> Callable[...
     check_choice("flash_backend", flash_backend, FLASH_BACKENDS)
     if impl == "plain":
         return IMPLEMENTATIONS[impl]
-    if impl == "fused":
-        def fused(x: Tensor, key_tokens: Sequence[Tensor], value_tokens: Sequence[Tensor], theta: str, tau: float,
-                  norm_token_counts: Sequence[int | Tensor], reduce_sum: Reduce = identity,
-                  reduce_max: Reduce = identity) -> Tensor:
-            triton = resolved_backend(flash_backend, x.device) == "triton"
-            return fused_pattentions(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum,
-                                     reduce_max, tiles=tile_functions("triton", x.device) if triton else None)
-        return fused
+    implementation = IMPLEMENTATIONS[impl]
 
-    def flash(x: Tensor, key_tokens: Sequence[Tensor], value_tokens: Sequence[Tensor], theta: str, tau: float,
-              norm_token_counts: Sequence[int | Tensor], reduce_sum: Reduce = identity,
-              reduce_max: Reduce = identity) -> Tensor:
-        return flash_pattentions(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max,
-                                 tiles=tile_functions(flash_backend, x.device))
-    return flash
+    def with_tiles(x: Tensor, key_tokens: Sequence[Tensor], value_tokens: Sequence[Tensor], theta: str, tau: float,
+                   norm_token_counts: Sequence[int | Tensor], reduce_sum: Reduce = identity,
+                   reduce_max: Reduce = identity) -> Tensor:
+        # fused without Triton runs its own PyTorch passes, not tiles_torch's
+        pytorch_fused = impl == "fused" and resolved_backend(flash_backend, x.device) == "pytorch"
+        return implementation(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max,
+                              tiles=None if pytorch_fused else tile_functions(flash_backend, x.device))
+    return with_tiles
