@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -58,7 +59,8 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     process group left and the process ended. An error every rank raises alike (a ConfigError, a damaged
     checkpoint: decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message,
     not one traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit,
-    without the chained traceback of the OS error behind it (the message names it)."""
+    without the chained traceback of the OS error behind it (the message names it). Any other error prints its
+    traceback and exits 1 through end_process too: left to the interpreter, the exit could abort instead."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--megatron_config", required=True,
                         help="resolved config from deepy.py (zlib-compressed JSON, base64)")
@@ -77,6 +79,8 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     except CheckpointWriteError as error:
         rank = dist.get_rank() if dist.is_initialized() else 0
         print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 (any other error: its traceback, then exit 1 without the teardown below)
+        traceback.print_exc()
     finally:
         leave_process_group(finished=code == 0)
     end_process(code)

@@ -10,7 +10,6 @@ starts a long child process (as a compiler DeepSpeed starts on its first start)
 and writes its pid there, then waits.
 """
 
-import argparse
 import os
 import signal
 import subprocess
@@ -19,15 +18,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from megatron.config.argument import decode_config
-from megatron.runtime.process_group import initialize_distributed, leave_process_group
+from megatron.config import Config
+from megatron.runtime.entry import run_rank
+from megatron.runtime.process_group import initialize_distributed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--megatron_config", required=True)
-    args, _ = parser.parse_known_args()  # DeepSpeed's runner adds --local_rank
-    initialize_distributed(decode_config(args.megatron_config))
+def check(cfg: Config) -> None:
+    initialize_distributed(cfg)
     rank, world = dist.get_rank(), dist.get_world_size()
     ranks = torch.tensor([rank])
     dist.all_reduce(ranks)
@@ -46,10 +43,7 @@ def main() -> None:
             pids.write(f"{child.pid}\n")
     if {"FAIL_RANK", "KILL_RANK", "CHILD_PID_FILE"} & set(os.environ):
         time.sleep(600)
-    # As train.py ends: a barrier, then the group destroyed. A rank that exits with the group (and DeepSpeed's
-    # shared-memory communicator) still up can abort in their threads' teardown (SIGABRT, seen once under load).
-    leave_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    run_rank(check, __doc__)  # as train.py: the group left and the process ended as a training rank's are
