@@ -69,9 +69,10 @@ bench-gpu: $(STAMP)
 gpu-kit: $(STAMP)
 	$(PY) -m benchmarks.gpu_kit build --out .gpu-kit
 
-# Issue 19: progressive scaling S1 -> S2 -> S3 vs S3 from scratch and S1 trained longer, through
-# tools/progressive_scaling.py, on the Debian documentation corpus it builds first (under an hour on 2 cores);
-# benchmarks/incremental_scaling/README.md. A check in a few minutes: make scaling-study STUDY_ARGS=--quick.
+# Issues 19, 28: growth S1 -> S2 -> S3 (both growth modes) vs S3 from scratch, the same stages without growth,
+# S1 trained longer and a dense Transformer, three seeds, through tools/progressive_scaling.py, on the synthetic
+# corpus data_prep/markov_corpus.py builds first (about 40 min on 2 cores); benchmarks/incremental_scaling/README.md.
+# A check in a few minutes: make scaling-study STUDY_ARGS=--quick.
 # Another corpus: make scaling-study STUDY_ARGS="--data-path P --vocab-file F".
 scaling-study: $(STAMP) requirements/requirements-bench.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-bench.txt

@@ -1,15 +1,21 @@
-"""The study's answer: how much compute each run needs to reach the from-scratch large model's final loss.
+"""The study's arithmetic: where a curve reaches a loss, its loss at a given compute, and what three seeds say.
 
-Evaluations are discrete, so the crossing is interpolated linearly in compute between the last evaluation
-above the target and the first at or below it. A curve that starts at or below the target crosses at its
-first point; one that never gets there has no crossing, and the table reports how far it stayed above.
+Evaluations are discrete, so a crossing is interpolated linearly in compute between the last evaluation above the
+target and the first at or below it; a curve that starts at or below the target crosses at its first point, one
+that never gets there has no crossing. A difference between two runs is taken seed by seed (the runs of one seed
+share the initialisation seed and the data order) and **exceeds the spread** when its mean over the seeds is more
+than twice its standard deviation: with three seeds, a paired t of 3.5 or more.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from benchmarks.incremental_scaling.curves import Curve
+
+SPREAD_FACTOR = 2.0
 
 
 def compute_to_reach(curve: Curve, target: float) -> float | None:
@@ -25,49 +31,53 @@ def compute_to_reach(curve: Curve, target: float) -> float | None:
     return None
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """`runs` (the progressive path, the control) against `reference`, the largest model from scratch, whose
-    final validation loss is the bar."""
+def loss_at(curve: Curve, compute: float) -> float:
+    """`curve`'s loss at `compute`, interpolated linearly between the evaluations around it; ValueError outside."""
+    if not curve.compute[0] <= compute <= curve.total_compute:
+        raise ValueError(f"{curve.label}: compute {compute:.4g} is outside its evaluations "
+                         f"({curve.compute[0]:.4g} to {curve.total_compute:.4g})")
+    for i in range(1, len(curve.compute)):
+        if curve.compute[i] >= compute:
+            span = curve.compute[i] - curve.compute[i - 1]
+            share = (compute - curve.compute[i - 1]) / span if span else 1.0
+            return curve.loss[i - 1] + share * (curve.loss[i] - curve.loss[i - 1])
+    return curve.loss[0]
 
-    reference: Curve
-    runs: tuple[Curve, ...]
+
+@dataclass(frozen=True)
+class Spread:
+    """One quantity over the seeds: its values, mean and (sample) standard deviation."""
+
+    values: tuple[float, ...]
 
     @property
-    def target(self) -> float:
-        return self.reference.final_loss
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
 
-    def fraction(self, curve: Curve) -> float | None:
-        """Compute `curve` needs to reach the reference's final loss, as a fraction of the reference's compute;
-        None if it never does."""
-        reached = compute_to_reach(curve, self.target)
-        return None if reached is None else reached / self.reference.total_compute
+    @property
+    def sd(self) -> float | None:
+        return statistics.stdev(self.values) if len(self.values) > 1 else None
 
-    def table(self) -> str:
-        """Markdown: one row per run, the reference last."""
-        rows = ["| run | final valid loss | training compute | compute to reach the reference's final loss "
-                f"{self.target:.4f} | as a fraction of the reference's compute |", "| --- | --- | --- | --- | --- |"]
-        for curve in (*self.runs, self.reference):
-            reached = compute_to_reach(curve, self.target)
-            if reached is None:
-                reach, fraction = f"not reached (ends {curve.final_loss - self.target:+.4f} above)", "—"
-            else:
-                reach, fraction = tflop_text(reached), f"{reached / self.reference.total_compute:.3f}"
-            rows.append(f"| {curve.label} | {curve.final_loss:.4f} | {tflop_text(curve.total_compute)} | {reach} | "
-                        f"{fraction} |")
-        return "\n".join(rows)
+    def text(self, digits: int = 3) -> str:
+        """'0.512 ± 0.021' (one seed: the value alone)."""
+        return f"{self.mean:.{digits}f}" + ("" if self.sd is None else f" ± {self.sd:.{digits}f}")
 
-    def ratio_line(self) -> str:
-        """Each run's compute to reach the reference's final loss over the reference's, or how far above it ended."""
-        parts = []
-        for curve in self.runs:
-            fraction = self.fraction(curve)
-            parts.append(f"{curve.label} {fraction:.3f}" if fraction is not None else
-                         f"{curve.label} not reached ({curve.final_loss - self.target:+.4f} above after "
-                         f"{curve.total_compute / self.reference.total_compute:.3f} of its compute)")
-        return (f"compute ratio (to reach {self.reference.label}'s final loss {self.target:.4f}, over its "
-                "compute): " + ", ".join(parts))
+    def exceeds_spread(self) -> bool | None:
+        """For seed-paired differences: is the mean further from 0 than SPREAD_FACTOR standard deviations? None
+        with one seed (no spread to compare with)."""
+        return None if self.sd is None else abs(self.mean) > SPREAD_FACTOR * self.sd
+
+
+def spread(values: Sequence[float]) -> Spread:
+    return Spread(tuple(float(value) for value in values))
+
+
+def differences(first: Sequence[float], second: Sequence[float]) -> Spread:
+    """first - second, seed by seed."""
+    if len(first) != len(second):
+        raise ValueError(f"{len(first)} values against {len(second)}: a difference is taken seed by seed")
+    return spread([a - b for a, b in zip(first, second)])
 
 
 def tflop_text(value: float) -> str:
-    return f"{value / 1e12:.2f} TFLOP"
+    return f"{value / 1e12:.3f} TFLOP"

@@ -2,7 +2,8 @@
 
 Compute is counted the way the training log counts it: FLOPs per token from megatron/model/flops.py (the
 config a run saved with its checkpoint, so the count is of what actually ran) times the tokens of every
-optimizer step up to the evaluation. Evaluation passes are not training compute and are not counted.
+optimizer step up to the evaluation. Evaluation passes are not training compute and are not counted. A grown
+stage's curve starts at the compute of the stages before it, with the grown checkpoint scored before training.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks.incremental_scaling.runs import Run
 from megatron.config import Config
 from megatron.progressive.costs import stage_cost
 
@@ -69,3 +71,18 @@ def joined(label: str, parts: list[Curve]) -> Curve:
     spent before it)."""
     return Curve(label, [i for part in parts for i in part.iterations], [c for part in parts for c in part.compute],
                  [loss for part in parts for loss in part.loss])
+
+
+def run_curves(run: Run, labels: list[str]) -> tuple[list[Curve], list[Config]]:
+    """Each stage's curve, offset by the compute of the stages before it, and the configs the stages saved."""
+    curves, configs, start = [], [], 0.0
+    for entry, label in zip(run.stages, labels, strict=True):
+        log_dir, stage = run.plan.logs(entry.stage), entry.stage
+        points = validation_points(log_dir / "metrics.jsonl")
+        if stage.index and points[0][0] != 0:
+            raise ValueError(f"{log_dir}: no evaluation of the grown checkpoint at iteration 0")
+        cfg = saved_config(run.plan.checkpoints(stage))
+        curves.append(validation_curve(label, points, cfg, start))
+        configs.append(cfg)
+        start = curves[-1].total_compute
+    return curves, configs

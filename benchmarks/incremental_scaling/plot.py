@@ -1,16 +1,15 @@
 """The study's figure, after the paper's Figure 2: validation loss against cumulative training compute.
 
-Each stage of a progressive path (one per growth mode, dash-dotted for official; they share the first stage)
-starts where the compute of the stages before it ends (its first point is the grown checkpoint before training),
-so the horizontal distance between a path and the large model from scratch at the latter's final loss is the
-compute growth saved or cost; the control (the small model trained longer) shows what the same compute buys
-without growing. The left panel shows whole runs; the right one zooms
-in from the first growth on, where the answer is read.
+Each run is drawn as its mean over the seeds (every seed evaluates at the same compute), with a band from the
+lowest to the highest seed. A path's stages are one line; dotted vertical lines mark its growths. The dashed
+horizontal line is the reference's mean final loss. The left panel shows whole runs, the right one zooms in
+from the first growth on; the legend sits below both, off the curves.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -18,57 +17,58 @@ matplotlib.use("Agg")  # files only: no display on a training machine
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from benchmarks.incremental_scaling.comparison import Comparison, compute_to_reach  # noqa: E402
 from benchmarks.incremental_scaling.curves import Curve  # noqa: E402
 
-PATH_STYLES = [[("tab:orange", "o"), ("tab:red", "s"), ("darkred", "D"), ("black", "v")],
-               [("tab:orange", "o"), ("tab:purple", "s"), ("indigo", "D"), ("gray", "v")]]
-REFERENCE_STYLE, CONTROL_STYLE = ("tab:green", "^"), ("tab:blue", "x")
+if TYPE_CHECKING:
+    from benchmarks.incremental_scaling.report import SeedCurves
+
+STYLES = {"progressive": ("tab:red", "-"), "official": ("tab:purple", "-."), "restarts": ("tab:orange", ":"),
+          "control": ("tab:blue", "--"), "dense": ("tab:brown", "-"), "scratch": ("tab:green", "-")}
 
 
-def _line(axes: Axes, curve: Curve, style: tuple[str, str], **options: object) -> None:
-    color, marker = style
-    axes.plot([c / 1e12 for c in curve.compute], curve.loss, color=color, marker=marker, markersize=2.5,
-              linewidth=1.2, label=curve.label, **options)
+def _mean_band(curves: list[Curve]) -> tuple[list[float], list[float], list[float], list[float]]:
+    """compute (TFLOP), mean, lowest and highest loss at each evaluation; the seeds must share the evaluations."""
+    grid = curves[0].compute
+    if any(len(curve.compute) != len(grid) or any(abs(a - b) > 1e-6 * b for a, b in zip(curve.compute, grid))
+           for curve in curves):
+        raise ValueError(f"{curves[0].label}: the seeds evaluated at different compute; they cannot be averaged")
+    columns = list(zip(*(curve.loss for curve in curves)))
+    return ([c / 1e12 for c in grid], [sum(column) / len(column) for column in columns],
+            [min(column) for column in columns], [max(column) for column in columns])
 
 
-def _draw(axes: Axes, comparison: Comparison, paths: list[list[Curve]], control: Curve) -> None:
-    for number, (stages, styles) in enumerate(zip(paths, PATH_STYLES)):
-        for index, stage in enumerate(stages):
-            if index == 0 and number:
-                continue  # the first stage is shared: drawn once
-            _line(axes, stage, styles[index % len(styles)], linestyle="-" if number == 0 else "-.")
-            if index and number == 0:
-                axes.axvline(stage.compute[0] / 1e12, color="gray", linestyle=":", linewidth=0.8)
-    _line(axes, control, CONTROL_STYLE, linestyle="--")
-    _line(axes, comparison.reference, REFERENCE_STYLE)
-    axes.axhline(comparison.target, color="gray", linestyle="--", linewidth=1,
-                 label=f"{comparison.reference.label}'s final loss {comparison.target:.3f}")
-    for curve in comparison.runs:
-        reached = compute_to_reach(curve, comparison.target)
-        if reached is not None:
-            axes.plot([reached / 1e12], [comparison.target], marker="*", color="black", markersize=11,
-                      linestyle="none", label=f"{curve.label}: {comparison.fraction(curve):.2f} of its compute")
+def _draw(axes: Axes, seeds: list[SeedCurves]) -> None:
+    for key, (color, style) in STYLES.items():
+        curves = [seed.curve(key) for seed in seeds]
+        compute, mean, low, high = _mean_band(curves)
+        axes.plot(compute, mean, color=color, linestyle=style, marker="o", markersize=2, linewidth=1.3,
+                  label=curves[0].label)
+        axes.fill_between(compute, low, high, color=color, alpha=0.18, linewidth=0)
+    for stage in seeds[0].paths["progressive"].stages[1:]:
+        axes.axvline(stage.compute[0] / 1e12, color="gray", linestyle=":", linewidth=0.8)
+    target = sum(seed.reference.final_loss for seed in seeds) / len(seeds)
+    axes.axhline(target, color="gray", linestyle="--", linewidth=0.9,
+                 label=f"the reference's final loss, {target:.3f} (mean)")
     axes.set_xlabel("cumulative training compute (TFLOP)")
     axes.grid(alpha=0.3)
 
 
-def plot_comparison(comparison: Comparison, paths: list[list[Curve]], control: Curve, path: Path) -> None:
-    """Write the paths' stages, the control, the reference, its final loss and the crossings as a PNG."""
-    figure, (whole, zoom) = plt.subplots(1, 2, figsize=(13, 5), dpi=120)
-    _draw(whole, comparison, paths, control)
+def plot_study(seeds: list[SeedCurves], path: Path) -> None:
+    """Write the figure as a PNG."""
+    figure, (whole, zoom) = plt.subplots(1, 2, figsize=(13, 6), dpi=110)
+    _draw(whole, seeds)
     whole.set_ylabel("validation loss")
-    whole.set_title("Progressive scaling vs training from scratch")
-    whole.legend(fontsize=7)
-    _draw(zoom, comparison, paths, control)
-    stages = paths[0]
-    growth = stages[1].compute[0] if len(stages) > 1 else stages[0].compute[0]
-    curves = [*(stage for stages in paths for stage in stages), control, comparison.reference]
+    whole.set_title(f"Growth vs training from scratch ({len(seeds)} seeds: mean, band = lowest to highest)")
+    _draw(zoom, seeds)
+    growth = seeds[0].paths["progressive"].stages[1].compute[0]
+    curves = [seed.curve(key) for seed in seeds for key in STYLES]
     end = max(curve.total_compute for curve in curves)
-    zoom.set_xlim(growth / 1e12 * 0.9, end / 1e12 * 1.02)
-    shown = [loss for curve in curves for c, loss in zip(curve.compute, curve.loss) if c >= growth * 0.9]
-    zoom.set_ylim(min(shown) - 0.05, max(shown) + 0.05)
+    zoom.set_xlim(growth / 1e12 * 0.95, end / 1e12 * 1.02)
+    shown = [loss for curve in curves for c, loss in zip(curve.compute, curve.loss) if c >= growth * 0.95]
+    zoom.set_ylim(min(shown) - 0.03, max(shown) + 0.03)
     zoom.set_title("from the first growth on")
-    figure.tight_layout()
+    handles, labels = whole.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.12, 1, 1))
     figure.savefig(path)
     plt.close(figure)

@@ -1,155 +1,296 @@
 """The study's outputs from its runs' files: curves.json, table.md and scaling.png.
 
-table.md holds, in order: what the FLOPs formula predicted before anything ran (Pattention's share, what S1 and
-S2 cost, so what the grown S3 must do for the path to save half), the set-up (sizes, tokens per parameter), the
-result (compute to reach the large model's from-scratch loss) for the path in each growth mode, the growth
-checks, and the attribution against the small model trained longer. Its last line is the compute ratio.
+table.md holds, in order: what the FLOPs formula predicted before anything ran, the set-up (sizes, tokens per
+parameter), the regime check, the result table (mean ± standard deviation over the seeds), the growth checks, the
+verdict's sentences and, last, the verdict line. Every sentence is computed from the numbers in the table: when
+the regime check fails (the largest model from scratch does not end clearly below what the smallest reaches on
+the same compute), there is no verdict on growth, only the numbers.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
-from benchmarks.incremental_scaling.comparison import Comparison, compute_to_reach, tflop_text
-from benchmarks.incremental_scaling.curves import Curve, joined, saved_config, validation_curve, validation_points
-from benchmarks.incremental_scaling.plot import plot_comparison
-from benchmarks.incremental_scaling.runs import GROWTH_MODES, Run
+from benchmarks.incremental_scaling.comparison import Spread, compute_to_reach, differences, loss_at, spread
+from benchmarks.incremental_scaling.curves import Curve, joined, run_curves
+from benchmarks.incremental_scaling.plot import plot_study
+from benchmarks.incremental_scaling.runs import PATHS, Run
 from megatron.config import Config
 from megatron.progressive.costs import StageCost, stage_cost
 
-
-def run_curves(run: Run, labels: list[str]) -> tuple[list[Curve], list[Config]]:
-    """Each stage's curve, offset by the compute of the stages before it, and the configs the stages saved."""
-    curves, configs, start = [], [], 0.0
-    for entry, label in zip(run.stages, labels):
-        log_dir, stage = run.plan.logs(entry.stage), entry.stage
-        points = validation_points(log_dir / "metrics.jsonl")
-        if stage.index and points[0][0] != 0:
-            raise ValueError(f"{log_dir}: no evaluation of the grown checkpoint at iteration 0")
-        cfg = saved_config(run.plan.checkpoints(stage))
-        curves.append(validation_curve(label, points, cfg, start))
-        configs.append(cfg)
-        start = curves[-1].total_compute
-    return curves, configs
+SINGLE_RUNS = {"scratch": "{last} from scratch (reference)", "control": "{first} trained longer",
+               "dense": "dense Transformer of {last}'s size, from scratch"}
 
 
-def stage_labels(run: Run) -> list[str]:
-    names, mode = [entry.stage.name.upper() for entry in run.stages], GROWTH_MODES[run.key]
-    return [names[0], *(f"{name} (grown from {before}, {mode})" for before, name in zip(names, names[1:]))]
-
-
-class PathCurves(NamedTuple):
-    """A progressive run's stages, their configs, and the whole path as one curve."""
+@dataclass(frozen=True)
+class PathCurves:
+    """A path's stages, the configs they saved, and the whole path as one curve."""
 
     stages: list[Curve]
     configs: list[Config]
     path: Curve
 
 
+@dataclass(frozen=True)
+class SeedCurves:
+    """One seed's curves: the three paths by run key, and the reference, control and dense runs."""
+
+    seed: int
+    paths: dict[str, PathCurves]
+    singles: dict[str, Curve]
+    single_configs: dict[str, Config]
+
+    @property
+    def reference(self) -> Curve:
+        return self.singles["scratch"]
+
+    def curve(self, key: str) -> Curve:
+        return self.paths[key].path if key in self.paths else self.singles[key]
+
+
+def names(run: Run) -> list[str]:
+    return [entry.stage.name.upper() for entry in run.stages]
+
+
 def path_curves(run: Run) -> PathCurves:
-    stages, configs = run_curves(run, stage_labels(run))
-    label = " → ".join(curve.label.split()[0] for curve in stages) + f" (progressive, {GROWTH_MODES[run.key]})"
+    stage_names, how = names(run), PATHS[run.key]
+    if run.key == "restarts":
+        labels = [stage_names[0], *(f"{name} ({stage_names[0]}'s size, restarted)" for name in stage_names[1:])]
+        label = f"{' → '.join(stage_names)} at {stage_names[0]}'s size (same restarts, no growth)"
+    else:
+        labels = [stage_names[0], *(f"{name} (grown from {before}, {how})"
+                                    for before, name in zip(stage_names, stage_names[1:]))]
+        label = f"{' → '.join(stage_names)} ({how})"
+    stages, configs = run_curves(run, labels)
     return PathCurves(stages, configs, joined(label, stages))
+
+
+def seed_curves(seed: int, runs: dict[str, Run]) -> SeedCurves:
+    path_names = names(runs["progressive"])
+    singles, configs = {}, {}
+    for key, template in SINGLE_RUNS.items():
+        label = template.format(first=path_names[0], last=path_names[-1])
+        (singles[key],), (configs[key],) = run_curves(runs[key], [label])
+    return SeedCurves(seed, {key: path_curves(runs[key]) for key in PATHS}, singles, configs)
 
 
 def prediction(runs: dict[str, Run]) -> list[str]:
     """What megatron/model/flops.py says before anything runs."""
     stages = [stage_cost(entry.config) for entry in runs["progressive"].stages]
-    names = [entry.stage.name.upper() for entry in runs["progressive"].stages]
+    stage_names = names(runs["progressive"])
     scratch = runs["scratch"].compute
     before_last = sum(cost.training_flops for cost in stages[:-1]) / scratch
-    shares = ", ".join(f"{name} {cost.pattention_share:.0%}" for name, cost in zip(names, stages))
+    shares = ", ".join(f"{name} {cost.pattention_share:.0%}" for name, cost in zip(stage_names, stages))
     per_token = ", ".join(f"{name} {cost.flops_per_token / stages[-1].flops_per_token:.2f}"
-                          for name, cost in zip(names[:-1], stages[:-1]))
+                          for name, cost in zip(stage_names[:-1], stages[:-1]))
     lines = [f"Pattention's share of the forward FLOPs: {shares}. Training FLOPs per token relative to "
-             f"{names[-1]}: {per_token}.",
-             "Planned compute as a fraction of the large model from scratch: " + ", ".join(
-                 f"{name} {cost.training_flops / scratch:.3f}" for name, cost in zip(names, stages))
-             + f"; the path {runs['progressive'].compute / scratch:.3f} in all, the control the same."]
+             f"{stage_names[-1]}: {per_token}.",
+             "Planned compute as a fraction of the reference (the large model from scratch): " + ", ".join(
+                 f"{name} {cost.training_flops / scratch:.3f}" for name, cost in zip(stage_names, stages))
+             + f"; each growth path {runs['progressive'].compute / scratch:.3f} in all, the path without growth "
+             f"{runs['restarts'].compute / scratch:.3f}, the control {runs['control'].compute / scratch:.3f}, the "
+             f"dense Transformer {runs['dense'].compute / scratch:.3f}."]
     if before_last < 0.5:
-        lines.append(f"So the path saves 50% or more only if {names[-1]}, after growth, reaches the from-scratch "
-                     f"model's final loss within {0.5 - before_last:.3f} of that model's compute "
+        lines.append(f"So a path saves 50% or more only if {stage_names[-1]}, after growth, reaches the reference's "
+                     f"final loss within {0.5 - before_last:.3f} of the reference's compute "
                      f"({(0.5 - before_last) / (stages[-1].training_flops / scratch):.0%} of its own stage).")
     else:
-        lines.append(f"{' and '.join(names[:-1])} alone cost {before_last:.3f} of it: this plan cannot save 50%.")
+        lines.append(f"{' and '.join(stage_names[:-1])} alone cost {before_last:.3f} of it: this plan cannot save 50%.")
     return lines
 
 
 def _setup_row(label: str, cost: StageCost, steps: int) -> str:
     tokens = steps * cost.tokens_per_step
-    return (f"| {label} | {cost.parameters / 1e6:.2f}M ({cost.pattention_parameters / 1e6:.2f}M) | "
-            f"{cost.pattention_share:.0%} | {cost.flops_per_token / 1e6:.1f}M | {steps} | {tokens:,} | "
-            f"{tokens / cost.parameters:.3f} |")
+    return (f"| {label} | {cost.parameters / 1e6:.3f}M ({cost.pattention_parameters / 1e6:.3f}M) | "
+            f"{cost.pattention_share:.0%} | {cost.flops_per_token / 1e6:.2f}M | {steps} | {tokens:,} | "
+            f"{tokens / cost.parameters:.1f} |")
 
 
-def setup_table(curves: list[Curve], configs: list[Config]) -> str:
+def setup_table(first: SeedCurves) -> str:
     rows = ["| run | parameters (of which Pattention) | Pattention share of FLOPs | training FLOPs/token | steps | "
             "tokens | tokens/parameter |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    rows += [_setup_row(curve.label, stage_cost(cfg), cfg.train_iters) for curve, cfg in zip(curves, configs)]
-    return "\n".join([*rows, "", "Steps and tokens of each run itself (a grown stage's after growth)."])
+    for key, path in first.paths.items():
+        shown = zip(path.stages, path.configs) if key == "progressive" else list(zip(path.stages, path.configs))[1:]
+        rows += [_setup_row(curve.label, stage_cost(cfg), cfg.train_iters) for curve, cfg in shown]
+    rows += [_setup_row(curve.label, stage_cost(first.single_configs[key]), first.single_configs[key].train_iters)
+             for key, curve in first.singles.items()]
+    return "\n".join([*rows, "", "Steps and tokens of each run itself (a grown stage's after growth); the same for "
+                      "every seed."])
 
 
-def growth_checks(stages: list[Curve]) -> list[str]:
-    return [f"Growth check, {after.label}: the stage before ended at validation loss {before.final_loss:.6f}, the "
-            f"grown model scores {after.loss[0]:.6f} before training "
-            f"(difference {after.loss[0] - before.final_loss:+.2e})." for before, after in zip(stages, stages[1:])]
+@dataclass(frozen=True)
+class Regime:
+    """The reference's final loss against the small model's loss on the reference's compute, seed by seed."""
+
+    reference: Spread
+    small: Spread
+    gap: Spread
+
+    @property
+    def capacity_bound(self) -> bool:
+        return self.gap.mean > 0 and bool(self.gap.exceeds_spread())
+
+    def sentence(self, reference: str, small: str) -> str:
+        verdict = ("capacity-bound: the gap exceeds the spread" if self.capacity_bound else
+                   "not capacity-bound: no verdict" + (" (one seed: no spread to compare with)"
+                                                        if self.gap.sd is None else ""))
+        return (f"Regime check: {reference} ends at {self.reference.text(4)}; {small} on the same compute is at "
+                f"{self.small.text(4)}; the small model's loss minus the reference's, seed by seed: "
+                f"{self.gap.text(4)}: {verdict}.")
 
 
-def attribution(comparison: Comparison, stages: list[Curve], path: Curve, control: Curve) -> str:
-    """How a path's result splits into what a small model trained longer gets anyway and what growing adds."""
-    reached_path, reached_control = comparison.fraction(path), comparison.fraction(control)
-    before_last = stages[-1].compute[0] / comparison.reference.total_compute
-    if reached_path is None:
-        return (f"{path.label} does not reach the target (the stages before the last cost {before_last:.3f} of the "
-                "from-scratch compute).")
-    reached = compute_to_reach(path, comparison.target)
-    during = next(stage for stage in stages if reached <= stage.total_compute).label.split()[0]
-    text = (f"{path.label} reaches the target during {during}, at {reached_path:.3f} of the from-scratch compute "
-            f"(the stages before the last cost {before_last:.3f} of it)")
-    if reached_control is None:
-        return text + ("; the small model trained on as much compute never does, so the saving is growth's, not "
-                       "a small model's.")
-    if reached_control <= reached_path:
-        return text + (f"; the small model trained longer gets there at {reached_control:.3f}, with no more compute: "
-                       "at this budget the saving is a small model's, and growing adds nothing to it.")
-    return text + (f"; the small model trained longer needs {reached_control:.3f}: growing saves "
-                   f"{reached_control - reached_path:.3f} of the from-scratch compute beyond training it longer.")
+def regime(seeds: list[SeedCurves]) -> Regime:
+    reference = [seed.reference.final_loss for seed in seeds]
+    small = [loss_at(seed.singles["control"], seed.reference.total_compute) for seed in seeds]
+    return Regime(spread(reference), spread(small), differences(small, reference))
 
 
-def modes_line(preserve: Curve, official: Curve) -> str:
-    """The two growth modes against each other: same stages, same compute, same first stage."""
-    gap = official.final_loss - preserve.final_loss
-    better = "preserve" if gap > 0 else "official" if gap < 0 else "neither"
-    return (f"Growth modes at equal compute ({tflop_text(preserve.total_compute)} each, the same first stage): "
-            f"preserve ends at {preserve.final_loss:.4f}, official at {official.final_loss:.4f} ({gap:+.4f}; lower: "
-            f"{better}).")
+@dataclass(frozen=True)
+class Reach:
+    """Where one run reaches its seed's reference's final loss, over the seeds."""
+
+    label: str
+    fractions: list[float | None]  # of the reference's compute; None: never reached
+    final: Spread
+    compute: float  # the run's training compute over the reference's (the same for every seed)
+
+    @property
+    def reached(self) -> Spread | None:
+        values = [value for value in self.fractions if value is not None]
+        return spread(values) if values else None
+
+    def count(self) -> str:
+        return f"{sum(value is not None for value in self.fractions)} of {len(self.fractions)} seeds"
+
+    def text(self) -> str:
+        reached = self.reached
+        if reached is None:
+            return "not reached"
+        return f"{reached.text()}" + ("" if None not in self.fractions else f" ({self.count()})")
 
 
-def write_report(runs: dict[str, Run], results: Path, header: list[str]) -> str:
+def reach(seeds: list[SeedCurves], key: str) -> Reach:
+    fractions = []
+    for seed in seeds:
+        reached = compute_to_reach(seed.curve(key), seed.reference.final_loss)
+        fractions.append(None if reached is None else reached / seed.reference.total_compute)
+    curves = [seed.curve(key) for seed in seeds]
+    return Reach(curves[0].label, fractions, spread([curve.final_loss for curve in curves]),
+                 curves[0].total_compute / seeds[0].reference.total_compute)
+
+
+def result_table(reaches: dict[str, Reach]) -> str:
+    rows = ["| run | final valid loss | training compute / reference's | reaches the reference's final loss | "
+            "compute to reach it / reference's |", "| --- | --- | --- | --- | --- |"]
+    rows += [f"| {r.label} | {r.final.text(4)} | {r.compute:.3f} | {r.count()} | {r.text()} |"
+             for r in reaches.values()]
+    return "\n".join([*rows, "", "Mean ± standard deviation over the seeds; the reference's final loss is each "
+                      "seed's own."])
+
+
+def growth_checks(seeds: list[SeedCurves]) -> list[str]:
+    lines = []
+    for key in seeds[0].paths:
+        for index in range(1, len(seeds[0].paths[key].stages)):
+            jumps = [seed.paths[key].stages[index].loss[0] - seed.paths[key].stages[index - 1].final_loss
+                     for seed in seeds]
+            label = seeds[0].paths[key].stages[index].label
+            lines.append(f"Growth check, {label}: the model scored before training minus the stage before's last "
+                         f"loss, {spread(jumps).text(6)} (largest |difference| {max(map(abs, jumps)):.2e}).")
+    return lines
+
+
+def stage_reached(seed: SeedCurves, key: str) -> str | None:
+    """The stage during which a path reaches its seed's target (its name), None if it never does."""
+    reached = compute_to_reach(seed.paths[key].path, seed.reference.final_loss)
+    if reached is None:
+        return None
+    return next(stage for stage in seed.paths[key].stages if reached <= stage.total_compute).label.split()[0]
+
+
+def _difference_text(difference: Spread, what: str) -> str:
+    judged = difference.exceeds_spread()
+    judgement = "one seed: no spread" if judged is None else "exceeds the spread" if judged else "within the spread"
+    return f"{what} {difference.text()} ({judgement})"
+
+
+def path_sentences(seeds: list[SeedCurves], key: str, reaches: dict[str, Reach]) -> str:
+    """What one growth path did, against the reference, the same path without growth and the small model."""
+    own = reaches[key]
+    if own.reached is None:
+        text = f"{own.label} does not reach the reference's final loss in any seed"
+    else:
+        during = [stage_reached(seed, key) for seed in seeds]
+        where = ", ".join(f"{name} in {during.count(name)}" for name in dict.fromkeys(d for d in during if d))
+        values = [value for value in own.fractions if value is not None]
+        text = (f"{own.label} reaches the reference's final loss in {own.count()} ({where}), at {own.text()} of the "
+                f"reference's compute; " + _difference_text(spread([1 - value for value in values]), "it saves"))
+        last = seeds[0].paths[key].stages[-1].label.split()[0]
+        if any(name and name != last for name in during):
+            text += f" — where it gets there before {last}, that is not the last growth's doing"
+    small = [loss_at(seed.singles["control"], seed.paths[key].path.total_compute) for seed in seeds]
+    path_final = [seed.paths[key].path.final_loss for seed in seeds]
+    text += (f". At its own compute it ends at {own.final.text(4)}, the small model trained as long at "
+             f"{spread(small).text(4)}: " + _difference_text(differences(small, path_final), "lower by"))
+    restarts = [seed.paths["restarts"].path.final_loss for seed in seeds]
+    text += ("; the same stages without growth end at " + spread(restarts).text(4) + ": "
+             + _difference_text(differences(restarts, path_final), "lower by") + ".")
+    return text
+
+
+def dense_sentence(seeds: list[SeedCurves], reaches: dict[str, Reach]) -> str:
+    dense, reference = reaches["dense"], reaches["scratch"]
+    parameters = [stage_cost(seeds[0].single_configs[key]).parameters for key in ("dense", "scratch")]
+    return (f"The paper's baseline, {dense.label} ({parameters[0] / 1e6:.3f}M parameters against "
+            f"{parameters[1] / 1e6:.3f}M, {dense.compute:.3f} of the reference's compute), ends at "
+            f"{dense.final.text(4)} against the reference's {reference.final.text(4)}: "
+            + _difference_text(differences(dense.final.values, reference.final.values), "higher by")
+            + f"; it reaches the reference's final loss in {dense.count()}"
+            + ("" if dense.reached is None else f", at {dense.text()} of its compute") + ".")
+
+
+def modes_sentence(reaches: dict[str, Reach]) -> str:
+    preserve, official = reaches["progressive"], reaches["official"]
+    return (f"Growth modes at equal compute, from the same first stage: preserve ends at {preserve.final.text(4)}, "
+            f"official at {official.final.text(4)}: "
+            + _difference_text(differences(official.final.values, preserve.final.values), "official higher by")
+            + ".")
+
+
+def verdict_line(regime_check: Regime, reaches: dict[str, Reach]) -> str:
+    gap = f"the small model's loss minus the reference's, on the reference's compute: {regime_check.gap.text(4)}"
+    if not regime_check.capacity_bound:
+        return f"verdict: not capacity-bound ({gap}): no verdict"
+    parts = [f"{r.label} {r.text()}" for key, r in reaches.items() if key != "scratch"]
+    return (f"verdict: capacity-bound ({gap}); compute to reach the reference's final loss, over the reference's: "
+            + "; ".join(parts))
+
+
+def write_report(studies: dict[int, dict[str, Run]], results: Path, header: list[str]) -> str:
     """Write curves.json, table.md and scaling.png into `results`; returns the table text, whose last line is
-    the compute ratio."""
-    paths = {key: path_curves(runs[key]) for key in GROWTH_MODES}
-    preserve, official = paths["progressive"], paths["official"]
-    stages = preserve.stages
-    (scratch,), (scratch_config,) = run_curves(runs["scratch"], [f"{stages[-1].label.split()[0]} from scratch"])
-    (control,), (control_config,) = run_curves(runs["control"], [f"{stages[0].label} trained longer"])
-    comparison = Comparison(scratch, (*(p.path for p in paths.values()), control))
-    curves = {"paths": {GROWTH_MODES[key]: {"stages": [curve.to_dict() for curve in p.stages], "path": p.path.to_dict()}
-                        for key, p in paths.items()},
-              "scratch": scratch.to_dict(), "control": control.to_dict(), "target": comparison.target,
-              "reached": {curve.label: compute_to_reach(curve, comparison.target) for curve in comparison.runs}}
+    the verdict."""
+    seeds = [seed_curves(seed, runs) for seed, runs in studies.items()]
+    reaches = {key: reach(seeds, key) for key in ("progressive", "official", "restarts", "control", "dense",
+                                                  "scratch")}
+    regime_check = regime(seeds)
     results.mkdir(parents=True, exist_ok=True)
-    (results / "curves.json").write_text(json.dumps(curves, indent=1) + "\n", encoding="utf-8")
-    plot_comparison(comparison, [p.stages for p in paths.values()], control, results / "scaling.png")
-    # the official path's first stage is the preserve path's (a copy): listed once
-    setup = setup_table([*stages, *official.stages[1:], scratch, control],
-                        [*preserve.configs, *official.configs[1:], scratch_config, control_config])
-    checks = [*growth_checks(stages), *growth_checks(official.stages)]
+    curves = {str(seed.seed): {"paths": {key: {"stages": [c.to_dict() for c in p.stages], "path": p.path.to_dict()}
+                                         for key, p in seed.paths.items()},
+                               **{key: curve.to_dict() for key, curve in seed.singles.items()}} for seed in seeds}
+    summary = {"capacity_bound": regime_check.capacity_bound, "regime_gap": regime_check.gap.values,
+               "reached": {key: r.fractions for key, r in reaches.items()}}
+    (results / "curves.json").write_text(json.dumps({"seeds": curves, "summary": summary}, indent=1) + "\n",
+                                         encoding="utf-8")
+    plot_study(seeds, results / "scaling.png")
+    first_runs = next(iter(studies.values()))
+    sentences = [regime_check.sentence(seeds[0].reference.label, seeds[0].singles["control"].label)]
+    if regime_check.capacity_bound:
+        sentences += [path_sentences(seeds, key, reaches) for key in ("progressive", "official")]
+        sentences += [dense_sentence(seeds, reaches), modes_sentence(reaches)]
     text = "\n\n".join(["\n".join(header), "Prediction (megatron/model/flops.py, before the runs): "
-                        + " ".join(prediction(runs)), setup, comparison.table(), "\n".join(checks),
-                        *(attribution(comparison, p.stages, p.path, control) for p in paths.values()),
-                        modes_line(preserve.path, official.path), comparison.ratio_line()])
+                        + " ".join(prediction(first_runs)), setup_table(seeds[0]), result_table(reaches),
+                        "\n".join(growth_checks(seeds)), *sentences, verdict_line(regime_check, reaches)])
     (results / "table.md").write_text(text + "\n", encoding="utf-8")
     return text

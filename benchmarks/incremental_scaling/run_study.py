@@ -1,25 +1,28 @@
-"""Progressive scaling over three stages vs training from scratch, run by the framework's own driver (issue 19).
+"""Does growing save compute against training the large model from scratch? The growth study (issues 19, 28),
+run by the framework's own driver.
 
-    .venv/bin/python -m benchmarks.incremental_scaling.run_study            # the study (under an hour on 2 cores)
+    .venv/bin/python -m benchmarks.incremental_scaling.run_study            # the study (about 40 min on 2 cores)
     .venv/bin/python -m benchmarks.incremental_scaling.run_study --quick    # every run ~20x shorter: a few minutes
         [--data-path PREFIX --vocab-file FILE] [--work-dir DIR] [--plan PLAN] [--scratch-iters N]
-        [--scale F] [--fresh]
+        [--scale F] [--seeds N ...] [--fresh]
 
-Runs, each a plan for tools/progressive_scaling.py's driver (runs.py): the progressive path S1 -> S2 -> S3
-(configs/plan.yml: each stage 2x the parameter tokens of the one before) in growth mode preserve, the same path in
-growth mode official (from the same S1), S3 from scratch, and S1 trained longer on the path's compute (the
-control). All share configs/common.yml (a shape where Pattention is most of the
-FLOPs) and the corpus: by default data_prep/debian_docs.py's, built first if missing (the documentation Debian
-packages ship here, ~24x the demo corpus). Before anything trains, every run's config is checked and the FLOPs
-formula's prediction printed; then the runs, then WORK_DIR/results/: curves.json, table.md, scaling.png. The
-last line printed is the compute each run needs to reach S3-from-scratch's final validation loss, over S3's.
-The driver continues runs an earlier invocation left unfinished; --fresh starts over.
+For each seed, six runs, each a plan for tools/progressive_scaling.py's driver (runs.py): the progressive path
+S1 -> S2 -> S3 (configs/plan.yml: each stage 2x the parameter tokens of the one before) in growth mode preserve,
+the same path in growth mode official, the same stages without growth (the restarts alone), S3 from scratch (the
+reference), S1 trained longer (the control) and the dense Transformer of S3's size from scratch. All share
+configs/common.yml and the corpus: by default data_prep/markov_corpus.py's (built first if missing, in a second),
+a task whose optimum needs capacity. Before anything trains, every run's config is checked and the FLOPs
+formula's prediction printed; then the runs, then WORK_DIR/results/: curves.json, table.md, scaling.png. The last
+line printed is the verdict: the compute each path needs to reach the reference's final loss, with its spread
+over the seeds, or "not capacity-bound: no verdict". The driver continues runs an earlier invocation left
+unfinished; --fresh starts over.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -30,14 +33,22 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.incremental_scaling.runs import SCRATCH_ITERS, TEMPLATE, Run, share_first_stage, write_runs
+from benchmarks.incremental_scaling.runs import (
+    SCRATCH_ITERS,
+    SEEDS,
+    SHARING_FIRST_STAGE,
+    TEMPLATE,
+    Run,
+    share_first_stage,
+    write_runs,
+)
 from megatron.config import ConfigError
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.progressive.commands import REPO
 from megatron.progressive.local import run_plan
 from megatron.progressive.processes import Interrupted, StepFailed
 
-DEBIAN_CORPUS = REPO / "data" / "debian_docs"
+MARKOV_CORPUS = REPO / "data" / "markov"
 QUICK_SCALE = 0.05
 QUICK_SETTINGS = {"eval_interval": 4, "eval_iters": 2, "log_interval": 4}
 MAX_EPOCH_SHARE = 0.9  # every run must read its batches from the first epoch, the same order for all
@@ -55,8 +66,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scratch-iters", type=int, default=SCRATCH_ITERS,
                         help="steps of the last stage's model trained from scratch (default: %(default)s)")
     parser.add_argument("--scale", type=float, help="multiply every run's steps by this (default 1, --quick 0.05)")
-    parser.add_argument("--data-path", type=Path, help="corpus PREFIX of PREFIX.bin/.idx (default: the Debian "
-                        "documentation corpus, built by data_prep/debian_docs.py if missing)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS),
+                        help="one set of runs per seed (default: %(default)s)")
+    parser.add_argument("--data-path", type=Path, help="corpus PREFIX of PREFIX.bin/.idx (default: the order-2 "
+                        "Markov corpus, built by data_prep/markov_corpus.py if missing)")
     parser.add_argument("--vocab-file", type=Path, help="the corpus's tokenizer file")
     parser.add_argument("--work-dir", type=Path, help="plans, runs and results/ go here (default: "
                         "work_dirs/scaling_study, with --quick work_dirs/scaling_study_quick)")
@@ -74,10 +87,10 @@ def corpus(args: argparse.Namespace) -> tuple[Path, Path]:
     """(PREFIX, tokenizer) of the study's corpus; the Debian documentation corpus is built when missing."""
     if args.data_path is not None:
         return args.data_path.resolve(), args.vocab_file.resolve()
-    prefix, vocab = DEBIAN_CORPUS / "debian_docs_text_document", DEBIAN_CORPUS / "tokenizer.json"
+    prefix, vocab = MARKOV_CORPUS / "markov_text_document", MARKOV_CORPUS / "tokenizer.json"
     if not (prefix.with_suffix(".idx").is_file() and vocab.is_file()):
-        print(f"building the corpus: data_prep/debian_docs.py --out {DEBIAN_CORPUS} (a few minutes, once)", flush=True)
-        subprocess.run([sys.executable, str(REPO / "data_prep" / "debian_docs.py"), "--out", str(DEBIAN_CORPUS)],
+        print(f"building the corpus: data_prep/markov_corpus.py --out {MARKOV_CORPUS}", flush=True)
+        subprocess.run([sys.executable, str(REPO / "data_prep" / "markov_corpus.py"), "--out", str(MARKOV_CORPUS)],
                        cwd=REPO, check=True)
     return prefix, vocab
 
@@ -111,46 +124,65 @@ def check_one_epoch(runs: dict[str, Run], prefix: Path) -> None:
                                   "or a smaller --scale")
 
 
-def header(argv: list[str], seconds: dict[str, float], total: float, load: tuple[float, float]) -> list[str]:
+def corpus_line(prefix: Path) -> str:
+    """The corpus, and its source's entropy rate when data_prep/markov_corpus.py made it."""
+    source = prefix.parent / "markov_source.json"
+    if not source.is_file():
+        return f"Corpus: {prefix}."
+    facts = json.loads(source.read_text(encoding="utf-8"))
+    return (f"Corpus: {prefix}, an order-2 Markov source over {facts['vocab']} tokens (seed {facts['seed']}): "
+            f"entropy rate {facts['entropy_rate_nats']:.4f} nats per token (the loss of a model holding the whole "
+            f"table, before the documents' first tokens), ln {facts['vocab']} = {facts['uniform_nats']:.4f} (one "
+            "holding none of it).")
+
+
+def header(argv: list[str], seconds: dict[str, float], total: float, load: tuple[float, float],
+           prefix: Path) -> list[str]:
     steps = ", ".join(f"{name} {value:.0f} s" for name, value in seconds.items())
     return [f"Command ({time.strftime('%Y-%m-%d')}): `{' '.join(['.venv/bin/python', *argv])}`",
-            f"Runtime {total / 60:.1f} min ({steps}); load average (1 min) {load[0]:.1f} at start, "
-            f"{load[1]:.1f} at the end, on {os.cpu_count()} cores."]
+            f"Runtime {total / 60:.1f} min ({steps}, all seeds); load average (1 min) {load[0]:.1f} at start, "
+            f"{load[1]:.1f} at the end, on {os.cpu_count()} cores.", corpus_line(prefix)]
 
 
-def prepare(args: argparse.Namespace) -> dict[str, Run]:
-    """Every run's plan written and checked, as one ConfigError before any training."""
+def prepare(args: argparse.Namespace) -> dict[int, dict[str, Run]]:
+    """Every seed's runs, their plans written and checked, as one ConfigError before any training."""
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError("matplotlib is not installed: .venv/bin/pip install -r requirements/requirements-bench.txt")
+    if len(set(args.seeds)) != len(args.seeds):
+        raise ConfigError(f"--seeds {' '.join(map(str, args.seeds))}: a seed given twice would be counted twice")
     if args.fresh:
-        for name in ("plans", "progressive", "progressive_official", "scratch", "control", "results"):
-            shutil.rmtree(args.work_dir / name, ignore_errors=True)
+        for directory in [*args.work_dir.glob("seed*"), args.work_dir / "results"]:
+            shutil.rmtree(directory, ignore_errors=True)
     prefix, vocab = corpus(args)
-    runs = write_runs(args.work_dir, write_shared(args, prefix, vocab), args.scale, args.plan, args.scratch_iters)
-    check_one_epoch(runs, prefix)
-    return runs
+    shared = write_shared(args, prefix, vocab)
+    studies = {seed: write_runs(args.work_dir / f"seed{seed}", shared, args.scale, seed, args.plan,
+                                args.scratch_iters) for seed in args.seeds}
+    for runs in studies.values():
+        check_one_epoch(runs, prefix)
+    return studies
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:
-        runs = prepare(args)
+        studies = prepare(args)
     except (ConfigError, OSError, subprocess.CalledProcessError) as error:
         print(f"run_study.py: error: {error}", file=sys.stderr)
         return 2
     from benchmarks.incremental_scaling.report import prediction, write_report  # needs matplotlib, checked above
 
-    print("prediction: " + "\n            ".join(prediction(runs)), flush=True)
+    print("prediction: " + "\n            ".join(prediction(next(iter(studies.values())))), flush=True)
     start, load_before, seconds = time.perf_counter(), os.getloadavg()[0], {}
     try:
-        for key, run in runs.items():
-            began = time.perf_counter()
-            print(f"--- {key}: {run.plan.path}", flush=True)
-            if key == "official" and share_first_stage(runs["progressive"], run):
-                print(f"its first stage: a copy of {runs['progressive'].plan.work_dir}'s", flush=True)
-            run_plan(run.plan, run.stages, echo=False)
-            seconds[key] = time.perf_counter() - began
+        for seed, runs in studies.items():
+            for key, run in runs.items():
+                began = time.perf_counter()
+                print(f"--- seed {seed}, {key}: {run.plan.path}", flush=True)
+                if key in SHARING_FIRST_STAGE and share_first_stage(runs["progressive"], run):
+                    print(f"its first stage: a copy of {runs['progressive'].plan.work_dir}'s", flush=True)
+                run_plan(run.plan, run.stages, echo=False)
+                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - began
     except (StepFailed, ConfigError) as error:
         print(f"run_study.py: {error}", file=sys.stderr)
         return 1
@@ -159,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + stop.number
     command = ["-m", "benchmarks.incremental_scaling.run_study", *argv]
     results = args.work_dir / "results"
-    text = write_report(runs, results, header(command, seconds, time.perf_counter() - start,
-                                              (load_before, os.getloadavg()[0])))
+    text = write_report(studies, results, header(command, seconds, time.perf_counter() - start,
+                                              (load_before, os.getloadavg()[0]), corpus(args)[0]))
     print(f"\n{text}\n\nresults: {results}", flush=True)
     print(text.splitlines()[-1])
     return 0

@@ -1,22 +1,28 @@
-"""The study's four runs, written as plans for tools/progressive_scaling.py's driver under WORK_DIR/plans/:
+"""The study's runs for one seed, written as plans for tools/progressive_scaling.py's driver under
+WORK_DIR/seed<N>/plans/:
 
 - progressive.yml: configs/plan.yml, S1 -> S2 -> S3 (its growth mode: preserve, the default);
 - progressive_official.yml: the same path with growth_mode official in every grown stage (new keys and values
-  from the init, the norm over the new token count, a fresh optimizer, as the official code grows); it starts
-  from a copy of the first path's finished S1 (share_first_stage), so the two paths differ in growth alone;
-- scratch.yml: S3 from scratch, one stage with S1's keys (seed, schedule: it reads S1's batches, then more) and
-  S3's parameter tokens, SCRATCH_ITERS steps;
-- control.yml: S1 trained longer, one stage with S1's keys for as many steps as give it the progressive path's
-  total training compute (evaluated every as many steps as cost what an evaluation interval of S3 costs): the small
-  model trained longer, which tells how much of the path's result is growth and how much is a small model being
-  the more efficient one at this budget.
+  from the init, the norm over the new token count, a fresh optimizer, as the official code grows);
+- restarts.yml: the same stages, lengths, warmups, cosines and data restarts, every stage at S1's size: the path
+  without its growth, which tells how much of the path's result its restarts make;
+- scratch.yml: the reference, S3 from scratch, one stage with S1's keys (schedule, data) and S3's parameter tokens,
+  SCRATCH_ITERS steps;
+- control.yml: S1 trained longer, one stage with S1's keys for as many steps as give it the larger of the path's
+  and the reference's compute (evaluated at about the compute spacing of the reference's evaluations): the small
+  model on the path's compute, and on the reference's (the regime check);
+- dense.yml: the dense Transformer (model_type transformer) with about S3's parameter count, trained as the
+  reference is: the paper's baseline.
 
-Every run's steps are multiplied by `scale` (the quick check: 0.05). The driver runs each plan; a plan it
-finished before is not run again.
+The official and restarts paths start from a copy of the progressive path's finished S1 (share_first_stage), so
+they differ from it in growth alone. Every stage gets the seed; every run's steps are multiplied by `scale` (the
+quick check: 0.05). The driver runs each plan; a plan it finished before is not run again.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +30,21 @@ from typing import Any
 
 import yaml
 
+from megatron.config import Config
+from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.parameter_count import count_parameters_by_component
 from megatron.model.spec import slot_keys
-from megatron.progressive.costs import stage_cost
+from megatron.progressive.costs import model_args, stage_cost
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.progress import checkpoint_iteration
 from megatron.progressive.stage_config import ResolvedStage, resolve_plan
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 TEMPLATE = CONFIGS / "plan.yml"
-SCRATCH_ITERS = 400
-GROWTH_MODES = {"progressive": "preserve", "official": "official"}  # run key -> growth mode of its grown stages
+SCRATCH_ITERS = 750
+SEEDS = (1, 2, 3)
+PATHS = {"progressive": "preserve", "official": "official", "restarts": "no growth"}  # run key -> how it grows
+SHARING_FIRST_STAGE = ("official", "restarts")
 
 
 @dataclass(frozen=True)
@@ -66,36 +77,73 @@ def _run(key: str, path: Path) -> Run:
     return Run(key, plan, resolve_plan(plan))
 
 
-def write_runs(work_dir: Path, shared: Path, scale: float, template: Path = TEMPLATE,
+def parameters(args: TokenFormerArgs) -> int:
+    return count_parameters_by_component(TokenFormerModel(args, device="meta"))["total_params"]
+
+
+def even_rotary(dims: float) -> bool:
+    return dims > 0 and dims == int(dims) and int(dims) % 2 == 0
+
+
+def dense_shape(large: Config) -> dict[str, int]:
+    """hidden_size and num_attention_heads of the dense Transformer whose parameter count is nearest `large`'s, at
+    `large`'s depth: widths in steps of 8, heads within a factor 2 of `large`'s head width (the nearest) whose
+    rotary dimensions are a positive even number."""
+    args = model_args(large)
+    target, best = parameters(args), None
+    for width in range(8, 4 * args.hidden_size + 1, 8):
+        fitting = [heads for heads in range(1, width + 1) if width % heads == 0
+                   and args.head_dim / 2 <= width // heads <= 2 * args.head_dim
+                   and (args.pos_emb != "rotary" or even_rotary(width // heads * args.rotary_pct))]
+        if not fitting:
+            continue
+        heads = min(fitting, key=lambda h: abs(width // h - args.head_dim))
+        dense = dataclasses.replace(args, model_type="transformer", hidden_size=width, num_attention_heads=heads,
+                                    qkv_slot_num=None, proj_slot_num=None, ffn_slot_num=None)
+        gap = abs(parameters(dense) - target)
+        if best is None or gap < best[0]:
+            best = (gap, width, heads)
+    return {"hidden_size": best[1], "num_attention_heads": best[2]}
+
+
+def write_runs(work_dir: Path, shared: Path, scale: float, seed: int, template: Path = TEMPLATE,
                scratch_iters: int = SCRATCH_ITERS) -> dict[str, Run]:
-    """The four runs' plans, written under work_dir/plans/ and resolved; `shared` is merged after the template's
-    configs (the corpus, the port). PlanError for anything a run would refuse."""
+    """One seed's six runs, their plans written under work_dir/plans/ and resolved; `shared` is merged after the
+    template's configs (the corpus, the port). PlanError for anything a run would refuse."""
     path_plan = read_plan(template)
     unsized = [stage for stage in path_plan.stages if "train_iters" not in stage.settings]
     if unsized:
         raise path_plan.error(f"{unsized[0].where()}: key 'train_iters' missing; the study scales every stage's "
                               "length, so give train_iters in each stage")
     configs = [*path_plan.configs, shared]
-    stages = [{"name": stage.name, **stage.settings, "train_iters": scaled(stage.settings["train_iters"], scale)}
-              for stage in path_plan.stages]
+    stages = [{"name": stage.name, **stage.settings, "seed": seed,
+               "train_iters": scaled(stage.settings["train_iters"], scale)} for stage in path_plan.stages]
     first, last = stages[0], stages[-1]
     plans = work_dir / "plans"
-    runs = {"progressive": _run("progressive", _write(plans / "progressive.yml", configs, work_dir / "progressive",
-                                                      stages))}
-    official = [stages[0], *({**stage, "growth_mode": "official"} for stage in stages[1:])]
-    runs["official"] = _run("official", _write(plans / "progressive_official.yml", configs,
-                                               work_dir / "progressive_official", official))
+
+    def run(key: str, name: str, run_stages: list[dict[str, Any]]) -> Run:
+        return _run(key, _write(plans / f"{name}.yml", configs, work_dir / name, run_stages))
+
+    runs = {"progressive": run("progressive", "progressive", stages)}
+    runs["official"] = run("official", "progressive_official",
+                           [first, *({**stage, "growth_mode": "official"} for stage in stages[1:])])
+    small_slots = {key: first[key] for key in slot_keys() if key in first}
+    runs["restarts"] = run("restarts", "restarts", [first, *({**stage, **small_slots} for stage in stages[1:])])
     scratch = {**first, **{key: last[key] for key in slot_keys() if key in last}, "name": f"{last['name']}_scratch",
                "train_iters": scaled(scratch_iters, scale)}
-    runs["scratch"] = _run("scratch", _write(plans / "scratch.yml", configs, work_dir / "scratch", [scratch]))
+    runs["scratch"] = run("scratch", "scratch", [scratch])
     small, large = runs["progressive"].stages[0].config, runs["scratch"].stages[0].config
     small_step, large_step = stage_cost(small).flops_per_step, stage_cost(large).flops_per_step
     # evaluated at about the compute spacing of the large model's evaluations, not 3x as often
     spacing = max(small.eval_interval, round(small.eval_interval * large_step / small_step / small.eval_interval)
                   * small.eval_interval)
+    longest = max(runs["progressive"].compute, runs["scratch"].compute)
     control = {**first, "name": f"{first['name']}_longer", "eval_interval": spacing,
-               "train_iters": round(runs["progressive"].compute / small_step)}
-    runs["control"] = _run("control", _write(plans / "control.yml", configs, work_dir / "control", [control]))
+               "train_iters": math.ceil(longest / small_step)}
+    runs["control"] = run("control", "control", [control])
+    dense = {**{key: value for key, value in scratch.items() if key not in slot_keys()},
+             "name": f"{last['name']}_dense", "model_type": "transformer", **dense_shape(large)}
+    runs["dense"] = run("dense", "dense", [dense])
     return runs
 
 
