@@ -225,8 +225,9 @@ def path_sentences(seeds: list[SeedCurves], key: str, reaches: dict[str, Reach])
         during = [stage_reached(seed, key) for seed in seeds]
         where = ", ".join(f"{name} in {during.count(name)}" for name in dict.fromkeys(d for d in during if d))
         values = [value for value in own.fractions if value is not None]
-        text = (f"{own.label} reaches the reference's final loss in {own.count()} ({where}), at {own.text()} of the "
-                f"reference's compute; " + _difference_text(spread([1 - value for value in values]), "it saves"))
+        text = (f"{own.label} reaches the reference's final loss in {own.count()} ({where}), at "
+                f"{own.reached.text()} of the reference's compute; "
+                + _difference_text(spread([1 - value for value in values]), "it saves"))
         last = seeds[0].paths[key].stages[-1].label.split()[0]
         if any(name and name != last for name in during):
             text += f" — where it gets there before {last}, that is not the last growth's doing"
@@ -255,7 +256,7 @@ def modes_sentence(reaches: dict[str, Reach]) -> str:
     preserve, official = reaches["progressive"], reaches["official"]
     return (f"Growth modes at equal compute, from the same first stage: preserve ends at {preserve.final.text(4)}, "
             f"official at {official.final.text(4)}: "
-            + _difference_text(differences(official.final.values, preserve.final.values), "official higher by")
+            + _difference_text(differences(official.final.values, preserve.final.values), "official minus preserve")
             + ".")
 
 
@@ -263,7 +264,17 @@ def verdict_line(regime_check: Regime, reaches: dict[str, Reach]) -> str:
     gap = f"the small model's loss minus the reference's, on the reference's compute: {regime_check.gap.text(4)}"
     if not regime_check.capacity_bound:
         return f"verdict: not capacity-bound ({gap}): no verdict"
-    parts = [f"{r.label} {r.text()}" for key, r in reaches.items() if key != "scratch"]
+    reference = reaches["scratch"].final.values
+    parts = []
+    for key, r in reaches.items():
+        if key == "scratch":
+            continue
+        if None in r.fractions:  # not reached in every seed: how far above the reference it ended instead
+            parts.append(f"{r.label} {r.text()}, " + _difference_text(
+                differences(r.final.values, reference), f"ends at {r.compute:.3f} of the compute above it by"))
+        else:
+            parts.append(f"{r.label} {r.text()}, " + _difference_text(
+                spread([1 - value for value in r.fractions]), "saving"))
     return (f"verdict: capacity-bound ({gap}); compute to reach the reference's final loss, over the reference's: "
             + "; ".join(parts))
 

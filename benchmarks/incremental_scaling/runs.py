@@ -127,7 +127,8 @@ def write_runs(work_dir: Path, shared: Path, scale: float, seed: int, template: 
     runs = {"progressive": run("progressive", "progressive", stages)}
     runs["official"] = run("official", "progressive_official",
                            [first, *({**stage, "growth_mode": "official"} for stage in stages[1:])])
-    small_slots = {key: first[key] for key in slot_keys() if key in first}
+    small_config = runs["progressive"].stages[0].config  # S1's counts may come from the config files
+    small_slots = {key: getattr(small_config, key) for key in slot_keys()}
     runs["restarts"] = run("restarts", "restarts", [first, *({**stage, **small_slots} for stage in stages[1:])])
     scratch = {**first, **{key: last[key] for key in slot_keys() if key in last}, "name": f"{last['name']}_scratch",
                "train_iters": scaled(scratch_iters, scale)}
