@@ -24,9 +24,9 @@ from benchmarks.incremental_scaling.report import (
     regime,
     verdict_line,
 )
-from benchmarks.incremental_scaling.runs import SCRATCH_ITERS, dense_shape, parameters, write_runs
+from benchmarks.incremental_scaling.runs import SCRATCH_ITERS, dense_shape, write_runs
 from megatron.config import ConfigError
-from megatron.progressive.costs import model_args, stage_cost
+from megatron.progressive.costs import model_args, parameter_counts, stage_cost
 from tests.conftest import REPO
 
 TINY = REPO / "tests" / "tiny.yml"
@@ -147,6 +147,10 @@ def test_the_study_runs_are_valid_plans_with_their_controls(demo_data, tmp_path)
     assert {entry.config.seed for run in runs.values() for entry in run.stages} == {7}
     with pytest.raises(ConfigError, match="more than 90% of one epoch"):
         run_study.check_one_epoch(runs, demo_data / "demo_text_document")  # the demo corpus is too small
+
+
+def parameters(args) -> int:
+    return parameter_counts(args)["total_params"]
 
 
 def test_dense_shape_has_the_nearest_parameter_count_among_valid_widths(demo_data, tmp_path):

@@ -161,6 +161,12 @@ class Reach:
         values = [value for value in self.fractions if value is not None]
         return spread(values) if values else None
 
+    @property
+    def saving(self) -> Spread | None:
+        """1 - the fraction, over the seeds where the run got there."""
+        reached = self.reached
+        return None if reached is None else spread([1 - value for value in reached.values])
+
     def count(self) -> str:
         return f"{sum(value is not None for value in self.fractions)} of {len(self.fractions)} seeds"
 
@@ -224,10 +230,8 @@ def path_sentences(seeds: list[SeedCurves], key: str, reaches: dict[str, Reach])
     else:
         during = [stage_reached(seed, key) for seed in seeds]
         where = ", ".join(f"{name} in {during.count(name)}" for name in dict.fromkeys(d for d in during if d))
-        values = [value for value in own.fractions if value is not None]
         text = (f"{own.label} reaches the reference's final loss in {own.count()} ({where}), at "
-                f"{own.reached.text()} of the reference's compute; "
-                + _difference_text(spread([1 - value for value in values]), "it saves"))
+                f"{own.reached.text()} of the reference's compute; " + _difference_text(own.saving, "it saves"))
         last = seeds[0].paths[key].stages[-1].label.split()[0]
         if any(name and name != last for name in during):
             text += f" — where it gets there before {last}, that is not the last growth's doing"
@@ -273,8 +277,7 @@ def verdict_line(regime_check: Regime, reaches: dict[str, Reach]) -> str:
             parts.append(f"{r.label} {r.text()}, " + _difference_text(
                 differences(r.final.values, reference), f"ends at {r.compute:.3f} of the compute above it by"))
         else:
-            parts.append(f"{r.label} {r.text()}, " + _difference_text(
-                spread([1 - value for value in r.fractions]), "saving"))
+            parts.append(f"{r.label} {r.text()}, " + _difference_text(r.saving, "saving"))
     return (f"verdict: capacity-bound ({gap}); compute to reach the reference's final loss, over the reference's: "
             + "; ".join(parts))
 

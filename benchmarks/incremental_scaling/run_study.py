@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def corpus(args: argparse.Namespace) -> tuple[Path, Path]:
-    """(PREFIX, tokenizer) of the study's corpus; the Debian documentation corpus is built when missing."""
+    """(PREFIX, tokenizer) of the study's corpus; the order-2 Markov corpus is built when missing."""
     if args.data_path is not None:
         return args.data_path.resolve(), args.vocab_file.resolve()
     prefix, vocab = MARKOV_CORPUS / "markov_text_document", MARKOV_CORPUS / "tokenizer.json"
@@ -144,8 +144,9 @@ def header(argv: list[str], seconds: dict[str, float], total: float, load: tuple
             f"{load[1]:.1f} at the end, on {os.cpu_count()} cores.", corpus_line(prefix)]
 
 
-def prepare(args: argparse.Namespace) -> dict[int, dict[str, Run]]:
-    """Every seed's runs, their plans written and checked, as one ConfigError before any training."""
+def prepare(args: argparse.Namespace) -> tuple[dict[int, dict[str, Run]], Path]:
+    """Every seed's runs, their plans written and checked, as one ConfigError before any training; and the
+    corpus's prefix."""
     if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError("matplotlib is not installed: .venv/bin/pip install -r requirements/requirements-bench.txt")
     if len(set(args.seeds)) != len(args.seeds):
@@ -159,14 +160,14 @@ def prepare(args: argparse.Namespace) -> dict[int, dict[str, Run]]:
                                 args.scratch_iters) for seed in args.seeds}
     for runs in studies.values():
         check_one_epoch(runs, prefix)
-    return studies
+    return studies, prefix
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:
-        studies = prepare(args)
+        studies, prefix = prepare(args)
     except (ConfigError, OSError, subprocess.CalledProcessError) as error:
         print(f"run_study.py: error: {error}", file=sys.stderr)
         return 2
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     command = ["-m", "benchmarks.incremental_scaling.run_study", *argv]
     results = args.work_dir / "results"
     text = write_report(studies, results, header(command, seconds, time.perf_counter() - start,
-                                              (load_before, os.getloadavg()[0]), corpus(args)[0]))
+                                              (load_before, os.getloadavg()[0]), prefix))
     print(f"\n{text}\n\nresults: {results}", flush=True)
     print(text.splitlines()[-1])
     return 0

@@ -31,10 +31,9 @@ from typing import Any
 import yaml
 
 from megatron.config import Config
-from megatron.model import TokenFormerArgs, TokenFormerModel
-from megatron.model.parameter_count import count_parameters_by_component
+from megatron.config.validate import rotary_dims_problem
 from megatron.model.spec import slot_keys
-from megatron.progressive.costs import model_args, stage_cost
+from megatron.progressive.costs import model_args, parameter_counts, stage_cost
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.progress import checkpoint_iteration
 from megatron.progressive.stage_config import ResolvedStage, resolve_plan
@@ -77,30 +76,23 @@ def _run(key: str, path: Path) -> Run:
     return Run(key, plan, resolve_plan(plan))
 
 
-def parameters(args: TokenFormerArgs) -> int:
-    return count_parameters_by_component(TokenFormerModel(args, device="meta"))["total_params"]
-
-
-def even_rotary(dims: float) -> bool:
-    return dims > 0 and dims == int(dims) and int(dims) % 2 == 0
-
-
 def dense_shape(large: Config) -> dict[str, int]:
     """hidden_size and num_attention_heads of the dense Transformer whose parameter count is nearest `large`'s, at
     `large`'s depth: widths in steps of 8, heads within a factor 2 of `large`'s head width (the nearest) whose
     rotary dimensions are a positive even number."""
     args = model_args(large)
-    target, best = parameters(args), None
+    target, best = parameter_counts(args)["total_params"], None
     for width in range(8, 4 * args.hidden_size + 1, 8):
         fitting = [heads for heads in range(1, width + 1) if width % heads == 0
                    and args.head_dim / 2 <= width // heads <= 2 * args.head_dim
-                   and (args.pos_emb != "rotary" or even_rotary(width // heads * args.rotary_pct))]
+                   and rotary_dims_problem({"pos_emb": args.pos_emb, "hidden_size": width,
+                                            "num_attention_heads": heads, "rotary_pct": args.rotary_pct}) is None]
         if not fitting:
             continue
         heads = min(fitting, key=lambda h: abs(width // h - args.head_dim))
         dense = dataclasses.replace(args, model_type="transformer", hidden_size=width, num_attention_heads=heads,
                                     qkv_slot_num=None, proj_slot_num=None, ffn_slot_num=None)
-        gap = abs(parameters(dense) - target)
+        gap = abs(parameter_counts(dense)["total_params"] - target)
         if best is None or gap < best[0]:
             best = (gap, width, heads)
     return {"hidden_size": best[1], "num_attention_heads": best[2]}
@@ -127,13 +119,13 @@ def write_runs(work_dir: Path, shared: Path, scale: float, seed: int, template: 
     runs = {"progressive": run("progressive", "progressive", stages)}
     runs["official"] = run("official", "progressive_official",
                            [first, *({**stage, "growth_mode": "official"} for stage in stages[1:])])
-    small_config = runs["progressive"].stages[0].config  # S1's counts may come from the config files
-    small_slots = {key: getattr(small_config, key) for key in slot_keys()}
+    small = runs["progressive"].stages[0].config  # S1's counts may come from the config files
+    small_slots = {key: getattr(small, key) for key in slot_keys()}
     runs["restarts"] = run("restarts", "restarts", [first, *({**stage, **small_slots} for stage in stages[1:])])
     scratch = {**first, **{key: last[key] for key in slot_keys() if key in last}, "name": f"{last['name']}_scratch",
                "train_iters": scaled(scratch_iters, scale)}
     runs["scratch"] = run("scratch", "scratch", [scratch])
-    small, large = runs["progressive"].stages[0].config, runs["scratch"].stages[0].config
+    large = runs["scratch"].stages[0].config
     small_step, large_step = stage_cost(small).flops_per_step, stage_cost(large).flops_per_step
     # evaluated at about the compute spacing of the large model's evaluations, not 3x as often
     spacing = max(small.eval_interval, round(small.eval_interval * large_step / small_step / small.eval_interval)

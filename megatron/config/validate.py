@@ -153,7 +153,8 @@ def _tensor_parallel_splits_evenly(v: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _rotary_dims_even(v: Mapping[str, Any]) -> str | None:
+def rotary_dims_problem(v: Mapping[str, Any]) -> str | None:
+    """Why a head's rotary dimensions (head width × rotary_pct) are no positive even whole number; None if they are."""
     if v["pos_emb"] != "rotary":
         return None
     head_dim = v["hidden_size"] // v["num_attention_heads"]
@@ -290,7 +291,7 @@ def _exit_signals_are_catchable(v: Mapping[str, Any]) -> str | None:
 RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _heads_divide_hidden,
     _tensor_parallel_splits_evenly,
-    _rotary_dims_even,
+    rotary_dims_problem,
     _positions_cover_sequence,
     _min_lr_within_lr,
     _split_is_three_proportions,

@@ -35,9 +35,14 @@ def model_args(cfg: Config) -> TokenFormerArgs:
     return TokenFormerArgs.from_config(cfg, padded_vocab_size=padded_vocabulary(cfg))
 
 
+def parameter_counts(args: TokenFormerArgs) -> dict[str, int]:
+    """count_parameters_by_component of the model `args` describe, built on the meta device (nothing allocated)."""
+    return count_parameters_by_component(TokenFormerModel(args, device="meta"))
+
+
 def stage_cost(cfg: Config) -> StageCost:
     args = model_args(cfg)
-    counts = count_parameters_by_component(TokenFormerModel(args, device="meta"))
+    counts = parameter_counts(args)
     return StageCost(counts["total_params"], counts["attention"] + counts["ffn"],
                      flops_per_token(args, include_recompute=cfg.checkpoint_activations), pattention_share(args),
                      cfg.train_batch_size * cfg.seq_length, cfg.train_iters)
