@@ -85,8 +85,8 @@ def poisoned_allocations(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", lambda *args, **kwargs: poison(empty_like(*args, **kwargs)))
 
 
-# (input rows, d_in, d_out, the three Pattentions' token counts, τ): tiles and row blocks with ragged ends, and
-# a large n (over 16k parameter tokens: 9 tiles of the GPU's 2048, the last one ragged).
+# (input rows, d_in, d_out, the three Pattentions' token counts, τ): flash's row blocks with a ragged end, an n
+# that is no multiple of any kernel's block, and a large n (over 16k parameter tokens).
 CASES = {"ragged": (300, 96, 80, [1100, 1300, 900], 0.7), "large n": (96, 64, 48, [16684, 16500, 17000], 1.3)}
 
 
@@ -98,15 +98,14 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, p
                                                           dtype, case, impl):
     """flash and fused Pattentions with the Triton backend on CUDA tensors (kernels compiled, not interpreted)
     against autograd through the plain formula, on fresh random inputs each run (the seed is in the failure
-    message): for flash, rows in blocks of 64, parameter tokens in tiles of KEY_TILE (ragged last ones); three
+    message): for flash, rows in blocks of 64 (a ragged last one); three
     Pattentions of one input with different token counts, τ ≠ 1, every fresh float buffer poisoned with NaN. fp32
     with TF32 off: within 1e-5 of the plain formula in fp32, relative to each tensor's largest entry. bf16: within
     1e-2 of the exact (fp64) result in relative norm, or 1.25× the plain formula's own bf16 error if larger."""
     from megatron.model.pattention import flash, pattention, pattentions_function
 
     assert os.environ.get("TRITON_INTERPRET", "0") == "0", "Triton would interpret the kernels, not compile them"
-    tile = flash.KEY_TILE["default"]
-    monkeypatch.setattr(flash, "TILE_ELEMENTS", {"cpu": 64 * tile, "default": 64 * tile})
+    monkeypatch.setattr(flash, "ROWS", {"cpu": 64, "default": 64})
     rows, d_in, d_out, counts, tau = CASES[case]
     seed = int.from_bytes(os.urandom(4), "little")
     g = torch.Generator().manual_seed(seed)
@@ -136,9 +135,9 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, p
             assert error <= max(1e-2, 1.25 * own_error), where
 
 
-def test_bf16_tile_products_are_accumulated_in_fp32():
-    """On CUDA torch multiplies bf16 tiles straight into fp32 (mm's out_dtype), so flash's accumulator gets each
-    tile's product unrounded: within fp32 error of the exact product of the bf16 values, where a product first
+def test_bf16_block_products_are_accumulated_in_fp32():
+    """On CUDA torch multiplies bf16 blocks straight into fp32 (mm's out_dtype), so flash's dK, dV and dX sums get
+    each block's product unrounded: within fp32 error of the exact product of the bf16 values, where a product first
     rounded to bf16 (relative error ~2⁻⁹) would be hundreds of times further off."""
     from megatron.model.pattention.flash import accumulate, wide_output_matmul
 
@@ -151,28 +150,6 @@ def test_bf16_tile_products_are_accumulated_in_fp32():
     accumulate(target, a.to(device), b.to(device))
     error = (target.double().cpu() - exact).norm() / exact.norm()
     assert error < 1e-5, error
-
-
-@pytest.mark.parametrize("fp32_side", ["left", "right"])
-def test_mixed_bf16_fp32_products_keep_fp32_accuracy(fp32_side):
-    """flash's d × d terms (x·K_PᵀK_P, Xᵀ·diag(s)·X, K_P·moment) multiply bf16 activations by an fp32 statistic
-    on the tensor cores, the fp32 operand split into bf16 hi + lo (flash.mixed_addmm): the result stays within
-    2·10⁻⁵ of the exact product (the split's own error is ~2.5·10⁻⁶ here), where rounding the statistic to bf16
-    is off by ~2·10⁻³; and alpha = -1 subtracts, in place."""
-    from megatron.model.pattention.flash import mixed_addmm
-
-    device = torch.device("cuda")
-    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
-    narrow = torch.randn(512, 384, generator=g).to(torch.bfloat16)
-    wide = torch.randn(384, 256, generator=g) * 10 ** torch.empty(384, 1).uniform_(-2, 2, generator=g)
-    a, b = (wide.t().contiguous(), narrow.t()) if fp32_side == "left" else (narrow, wide)
-    exact = a.double() @ b.double()
-    start = torch.randn(exact.shape, generator=g)
-    target = start.to(device)
-    mixed_addmm(target, a.to(device), b.to(device), alpha=-1)
-    expected = start.double() - exact
-    error = (target.double().cpu() - expected).norm() / expected.norm()
-    assert error < 2e-5, error
 
 
 def training_losses(impl: str, device: str, steps: int = 20) -> list[float]:

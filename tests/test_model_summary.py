@@ -71,7 +71,7 @@ def test_meta_count_equals_a_materialised_model_and_the_closed_form(overrides):
 @pytest.mark.parametrize("model_type", ["tokenformer", "transformer"])
 def test_forward_flops_match_a_flop_counter_and_recompute_adds_one_layer_forward(model_type):
     # The formula counts the model's FLOPs (MFU's convention); the fused node runs exactly those GEMMs, while
-    # flash adds its Gram matrix, slope accumulator and, in backward, recomputation. The dense baseline: its
+    # flash adds, in backward, the recomputed scores. The dense baseline: its
     # linear layers' GEMMs (biases are element-wise, not counted).
     args = tiny_args(pattention_impl="fused", model_type=model_type)
     model = TokenFormerModel(args)

@@ -133,15 +133,15 @@ _MODEL = (
         "How every Pattention is computed (the same function and gradients, different memory and time; "
         "docs/performance.md): auto takes fused unless the memory model says a training step of the configured "
         "micro-batch would not fit the device with it, and flash then (the run's first lines say which and why; "
-        "inference and conversion take fused); flash keeps its input and O(tokens) statistics for backward "
-        "(gelu_l2_norm and softmax: also the output), visiting the parameter tokens in tiles at the cost of "
-        "recomputing the scores; fused keeps one [tokens, n] score matrix per Pattention and is faster where "
+        "inference and conversion take fused); flash keeps its input and O(tokens) statistics for backward, "
+        "visiting the input rows in blocks at the cost of recomputing the scores; fused keeps one [tokens, n] "
+        "score matrix per Pattention and is faster where "
         "memory does not limit the batch (on a CPU, always); plain is the "
         "reference formula under autograd (about three score matrices).",
         choices=("auto", "plain", "fused", "flash")),
     Key("flash_backend", str, "auto", "model",
-        "Θ's kernels in pattention_impl=flash's tiles and fused's score matrix: auto (Triton on CUDA, PyTorch "
-        "otherwise), pytorch, or triton (also on a CPU, under Triton's interpreter: slow, for testing the "
+        "Θ's kernels on pattention_impl=flash's blocks of scores and fused's score matrix: auto (Triton on CUDA, "
+        "PyTorch otherwise), pytorch, or triton (also on a CPU, under Triton's interpreter: slow, for testing the "
         "kernels).",
         choices=("auto", "pytorch", "triton")),
     Key("init_method", str, "normal", "model", "Initialisation of every weight except layer outputs.",

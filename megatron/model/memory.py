@@ -21,9 +21,8 @@ a head; a Pattention has n parameter tokens (n_qkv for Q, K, V; n_proj; n_ffn) a
                 (fp32 [tokens, n] tensors autograd keeps: the scores, c times (2 when e < 4: each fp32 upcast
                 is a copy; 1 in fp32), GeLU's input and output or exp's; the weights in e; fp32 row statistics)
         fused   e·n + 8                      (the kept score matrix, fp32 statistic and row factor)
-        flash   l2_norm_gelu 8               (the fp32 statistic and row factor: nothing [tokens, ·] wide)
-                gelu_l2_norm e·d + 8, softmax e·d + 12  (its output and statistics; 0·d for Q/K/V, whose
-                output attention keeps anyway)
+        flash   8, softmax 12                (the fp32 statistic and row factor, softmax's row max: nothing
+                                              [tokens, ·] wide)
     + e·d with τ ≠ 1 for fused and flash: they keep proj's input scaled by τ, a copy of SDPA's output
     per layer and sequence position: 4·r (rotary cos and sin, fp32, shared by the micro-batch's sequences);
     per layer: 20 (the five token counts n)
@@ -32,8 +31,8 @@ a head; a Pattention has n parameter tokens (n_qkv for Q, K, V; n_proj; n_ffn) a
         shifted logits themselves, the label index, mask and Σexp); per position 8 with learned positions
     activation checkpointing (groups of k layers): e·d per token for each group's input instead of the layers
 
-So flash's bytes do not depend on n, plain's and fused's grow with it: with l2_norm_gelu (the paper configs')
-a Pattention keeps its input and two fp32 numbers per token, where fused keeps e·n bytes more.
+So flash's bytes do not depend on n, plain's and fused's grow with it: a flash Pattention keeps its input and
+two or three fp32 numbers per token, where fused keeps e·n bytes more.
 
 Largest micro-batch (sequences of seq_length on one GPU), ZeRO-1 over D data-parallel ranks (default 8):
     model states  2·P (bf16 parameters) + 2·P (bf16 gradients), replicated, + 12·P / D (fp32 master
@@ -45,7 +44,7 @@ Largest micro-batch (sequences of seq_length on one GPU), ZeRO-1 over D data-par
     budget        (1 − reserve) · GPU memory − model states; the reserve (default 10 %) is left for the
                   allocator's fragmentation, kernel workspaces, DeepSpeed's communication buckets and the
                   backward's transient buffers (one Pattention's at a time: fused at most two [tokens, n] fp32
-                  buffers, flash tile-sized ones; the activations' gradients), which the formula leaves out.
+                  buffers, flash a few [2048, n] ones; the activations' gradients), which the formula leaves out.
 The GPU figures take z = 4 and assume SDPA's flash or memory-efficient kernel (fp32 log-sum-exp, output laid
 out [b, s, heads, head_dim], as on the CPU); no dropout (the paper configs have none), tensor parallelism 1.
 """
@@ -73,13 +72,8 @@ def element_bytes(dtype: torch.dtype) -> int:
     return size
 
 
-def pattention_bytes_per_token(impl: str, norm_type: str, n: int, d_out: int, e: int,
-                               output_kept_elsewhere: bool = False) -> int:
-    """Bytes one Pattention of n tokens saves per input token besides its input (module docstring).
-
-    `output_kept_elsewhere`: its output is saved by another node anyway (Q, K, V: attention's V is a view of
-    it), so flash's saved output costs nothing more.
-    """
+def pattention_bytes_per_token(impl: str, norm_type: str, n: int, e: int) -> int:
+    """Bytes one Pattention of n tokens saves per input token besides its input (module docstring)."""
     if impl == "plain":
         copies = 1 if e >= FP32 else 2
         if norm_type == "l2_norm_gelu":
@@ -90,10 +84,7 @@ def pattention_bytes_per_token(impl: str, norm_type: str, n: int, d_out: int, e:
     if impl == "fused":
         return e * n + 2 * FP32
     if impl == "flash":
-        if norm_type == "l2_norm_gelu":
-            return 2 * FP32
-        statistics = 2 * FP32 if norm_type == "gelu_l2_norm" else 3 * FP32
-        return (0 if output_kept_elsewhere else e * d_out) + statistics
+        return 3 * FP32 if norm_type == "softmax" else 2 * FP32
     raise ValueError(f"pattention_impl={impl!r}: must be one of {PATTENTION_IMPLS}")
 
 
@@ -138,11 +129,10 @@ def saved_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, device: st
     rotated = 2 * e * d if args.rotary_dims else 0  # without rotary, Q and K are views of the Q/K/V output
     attention = rotated + 3 * e * d + e * d + FP32 * h
 
-    def pattention(n: int, kept_elsewhere: bool = False) -> int:
-        return pattention_bytes_per_token(impl, args.norm_activation_type, n, d, e, kept_elsewhere)
+    def pattention(n: int) -> int:
+        return pattention_bytes_per_token(impl, args.norm_activation_type, n, e)
 
-    pattentions = 3 * pattention(args.qkv_slot_num, True) + pattention(args.proj_slot_num) + pattention(
-        args.ffn_slot_num)
+    pattentions = 3 * pattention(args.qkv_slot_num) + pattention(args.proj_slot_num) + pattention(args.ffn_slot_num)
     embedding = 8 + 1
     final_norm = e * d + 2 * z
     logits_input = e * d

@@ -3,8 +3,8 @@
     theta.py     Θ and the row statistics every implementation shares
     plain.py     the reference formula under autograd            (pattention_impl: plain)
     fused.py     one autograd node keeping one score matrix      (pattention_impl: fused)
-    flash.py     tiles, keeping no score matrix                  (pattention_impl: flash)
-    tiles_torch.py, tiles_triton.py   flash's tile backends       (flash_backend: pytorch, triton)
+    flash.py     blocks of input rows, keeping no score matrix   (pattention_impl: flash)
+    tiles_torch.py, tiles_triton.py   Θ's tile backends           (flash_backend: pytorch, triton)
     registry.py  implementation and tile backend by name
     layer.py     `Pattention`, the nn.Module, usable on its own in any PyTorch code
     parallel.py  `ParallelPattention`, the layer split over the tensor-parallel ranks

@@ -93,10 +93,11 @@ def _normalize_backward(s: Tensor, grad_out: Tensor, value: Tensor, theta: str, 
     return grad_value, grad_scores.to(grad_out.dtype)
 
 
-def _normalize_by_kernels(a: Tensor, theta: str, n: Tensor, tiles: ModuleType, reduce_sum: Reduce,
-                          reduce_max: Reduce) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Θ's forward on scores a [tokens, n] by a tile backend's functions (one kernel pass or two, a left as it
-    is: it is the kept tensor). Returns (W without its row factor, s, the row factor, softmax's row max)."""
+def normalize_by_tiles(a: Tensor, theta: str, n: Tensor, tiles: ModuleType, reduce_sum: Reduce,
+                       reduce_max: Reduce) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Θ's forward on whole score rows a [rows, n] by a tile backend's functions (one kernel pass or two, a left
+    as it is: fused keeps it; flash calls this on each block of rows). Returns (W without its row factor, s, the
+    row factor, softmax's row max), the statistics [rows, 1] in fp32."""
     if theta == "softmax":
         row_max = reduce_max(at_least_fp32(a.amax(dim=-1, keepdim=True)))
         weights, total, _ = tiles.softmax_forward(a, row_max)
@@ -111,11 +112,11 @@ def _normalize_by_kernels(a: Tensor, theta: str, n: Tensor, tiles: ModuleType, r
     return weights if weights is not None else tiles.l2_norm_gelu_forward(a, row), statistic, row, None
 
 
-def _normalize_backward_by_kernels(a: Tensor, grad_out: Tensor, value: Tensor, theta: str, statistic: Tensor,
-                                   row: Tensor, row_max: Tensor | None, n: Tensor, tiles: ModuleType,
-                                   reduce_sum: Reduce) -> tuple[Tensor, Tensor]:
-    """(dV, dA) of one Pattention from the kept scores a and dY by a tile backend's functions: one pass for the
-    row reduction c, one for the weights dV needs (with its row factor) and dA."""
+def normalize_backward_by_tiles(a: Tensor, grad_out: Tensor, value: Tensor, theta: str, statistic: Tensor,
+                                row: Tensor, row_max: Tensor | None, n: Tensor, tiles: ModuleType,
+                                reduce_sum: Reduce) -> tuple[Tensor, Tensor]:
+    """(W', dA) of one Pattention from whole score rows a [rows, n] and their dY by a tile backend's functions:
+    one pass for the row reduction c, one for dA and W', the weights with their row factor (dV = W'ᵀ·dY)."""
     grad_weights = torch.mm(grad_out, value.t())
     live = (statistic > ZERO_ROW_GUARD).to(statistic.dtype)
     if theta == "l2_norm_gelu":
@@ -129,7 +130,7 @@ def _normalize_backward_by_kernels(a: Tensor, grad_out: Tensor, value: Tensor, t
         c = reduce_sum(tiles.softmax_backward_dot(a, grad_weights, row_max, row))
         weights, grad_scores = tiles.softmax_backward(a, grad_weights, row_max, row, c.mul_(row).div_(n))
     del grad_weights
-    return torch.mm(weights.t(), grad_out), grad_scores
+    return weights, grad_scores
 
 
 class _FusedPattention(torch.autograd.Function):
@@ -155,8 +156,8 @@ class _FusedPattention(torch.autograd.Function):
                 weights, statistic, row = _normalize_(a, theta, n_b, reduce_sum, reduce_max)
                 kept_b.copy_(a)  # bf16/fp16: back into the kept buffer; fp32: a is kept_b, no copy
             else:
-                weights, statistic, row, row_max = _normalize_by_kernels(torch.mm(x, key.t(), out=kept_b), theta,
-                                                                         n_b, tiles, reduce_sum, reduce_max)
+                weights, statistic, row, row_max = normalize_by_tiles(torch.mm(x, key.t(), out=kept_b), theta, n_b,
+                                                                      tiles, reduce_sum, reduce_max)
                 row_maxes.append(row_max)
             torch.mm(weights.to(x.dtype), value, out=out_b)
             del weights
@@ -179,9 +180,11 @@ class _FusedPattention(torch.autograd.Function):
                 grad_value, grad_scores = _normalize_backward(at_least_fp32(kept[b]), grad_out[b], value, ctx.theta,
                                                               statistics[b], rows[b], n[b], ctx.reduce_sum)
             else:
-                grad_value, grad_scores = _normalize_backward_by_kernels(
+                weights, grad_scores = normalize_backward_by_tiles(
                     kept[b], grad_out[b], value, ctx.theta, statistics[b], rows[b],
                     None if row_maxes is None else row_maxes[b], n[b], ctx.tiles, ctx.reduce_sum)
+                grad_value = torch.mm(weights.t(), grad_out[b])
+                del weights
             grad_values.append(grad_value)
             grad_keys.append(torch.mm(grad_scores.t(), x))
             grad_x = torch.mm(grad_scores, key) if grad_x is None else grad_x.addmm_(grad_scores, key)

@@ -3,7 +3,7 @@
 
     plain   plain.py: the reference formula under autograd (about three [tokens, n] tensors kept)
     fused   fused.py: one autograd node keeping one [tokens, n] score matrix for backward
-    flash   flash.py: tiles, keeping the input and O(tokens) statistics, whatever n is
+    flash   flash.py: blocks of input rows, keeping the input and O(tokens) statistics, whatever n is
 The tile backend (config key flash_backend) runs Θ's elementwise work of flash, and of fused where it is Triton:
               pytorch   tiles_torch.py for flash; fused's own PyTorch passes
               triton    tiles_triton.py (Triton kernels; on a CPU only under Triton's interpreter)

@@ -1,21 +1,19 @@
-"""The PyTorch tile backend: Θ on one tile of scores, forward and backward, the elementwise work of the
-flash Pattention (flash.py).
+"""The PyTorch tile backend: Θ's elementwise work on whole score rows, forward and backward, for the fused
+node (all input rows at once) and for flash (a block of rows at a time; fused.py's normalize_by_tiles and
+normalize_backward_by_tiles call these functions).
 
-A tile is a = τ·X_R·K_jᵀ for a block R of input rows and a block j of parameter tokens, in the input dtype;
-row statistics ([R, 1]) and all arithmetic are fp32; the tensors handed on to the next GEMM are in a's dtype.
-No function writes to its arguments. flash.py runs the GEMMs around these functions on each tile, and fused.py
-(when it runs Θ in kernels) on its whole [tokens, n] score matrix; tiles_triton.py implements the same functions
-as Triton kernels (one pass over the tile each) with the same arguments and results.
+A tile is a = τ·X_R·K_Pᵀ for a set R of input rows, in the input dtype; row statistics ([R, 1]) and all
+arithmetic are fp32; the tensors handed on to the next GEMM are in a's dtype. No function writes to its
+arguments. tiles_triton.py implements the same functions as Triton kernels (one pass over the tile each) with
+the same arguments and results.
 
 With r = √N/√s (s: the row statistic over all N tokens), m the row max, q = N/s and c the backward's row
-reduction (see flash.py), `coef` being c·live/s or c·q/N respectively:
+reduction (fused.py), `coef` being c·live/s or c·q/N respectively:
     l2_norm_gelu   forward  W = GeLU(r·a)
-                   backward D = GeLU'(r·a)·r·dW and Σ D·(r·a)         (and W again, for dV; dA = D − k·r·a
-                            needs Σ over all tiles, so its second term is applied after them)
-                   fused's backward, which holds all tiles at once: c = Σ D·(r·a) (l2_norm_gelu_backward_dot),
+                   backward c = Σ D·(r·a) with D = GeLU'(r·a)·r·dW (l2_norm_gelu_backward_dot),
                             then W and dA = D − k·r·a with k = c·live/N (l2_norm_gelu_gradient)
-    statistics     sum_squares: Σ a² (fused's l2_norm_gelu s); gelu_l2_norm_backward_dot: Σ r·dW·GeLU(a);
-                   softmax_backward_dot: Σ q·dW·exp(a − m) (the backward's c of the other two, for fused)
+    statistics     sum_squares: Σ a² (l2_norm_gelu's s); gelu_l2_norm_backward_dot: Σ r·dW·GeLU(a);
+                   softmax_backward_dot: Σ q·dW·exp(a − m) (the backward's c of the other two)
     gelu_l2_norm   forward  G = GeLU(a), Σ G²
                    backward dA = GeLU'(a)·(r·dW − coef·G)             (and r·G, for dV)
     softmax        forward  E = exp(a − m'), Σ E, m' = max(m, rowmax a)
@@ -60,12 +58,6 @@ def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Ten
     new_max = torch.maximum(running_max, a32.amax(dim=-1, keepdim=True))
     e = torch.exp(a32 - new_max)
     return e.to(a.dtype), e.sum(dim=-1, keepdim=True), new_max
-
-
-def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    z = at_least_fp32(a) * row
-    d = _gelu_slope(at_least_fp32(grad_w) * row, z)
-    return F.gelu(z).to(a.dtype), d.to(a.dtype), _row_dot(d, z)
 
 
 def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:

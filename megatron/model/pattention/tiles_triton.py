@@ -4,9 +4,9 @@ the same arguments and results.
 tiles_torch.py gives the math and is the reference. Each PyTorch version makes several passes over the tile
 (one per elementwise op, each with an [R, C] temporary); each kernel here reads a (and grad_w) once, computes
 in fp32 registers and writes its results once. Elementwise functions run one program per BLOCK_R × BLOCK_C
-block; the three with a row reduction (gelu_l2_norm_forward's Σ G², softmax_forward's row max and Σ E,
-l2_norm_gelu_backward's Σ D·Z, sum_squares and the three backward dots) run one program per ROW_BLOCK_R rows,
-looping over the columns. softmax_forward alone reads a twice (see its kernel).
+block; those with a row reduction (gelu_l2_norm_forward's Σ G², softmax_forward's row max and Σ E,
+sum_squares and the three backward dots) run one program per ROW_BLOCK_R rows, looping over the columns.
+softmax_forward alone reads a twice (see its kernel).
 """
 
 from __future__ import annotations
@@ -78,26 +78,6 @@ def _l2_norm_gelu_forward_kernel(a_ptr, row_ptr, w_ptr, R, C, BR: tl.constexpr, 
     row = tl.load(row_ptr + rows, mask=rows < R)[:, None]
     z = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * row
     tl.store(w_ptr + offsets, (z * _cdf(z)).to(w_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _l2_norm_gelu_backward_kernel(a_ptr, grad_ptr, row_ptr, w_ptr, d_ptr, dot_ptr, R, C,
-                                  BR: tl.constexpr, BC: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row = tl.load(row_ptr + rows, mask=rows < R, other=0.0)[:, None]
-    dot = tl.zeros([BR], dtype=tl.float32)
-    for start in range(0, C, BC):
-        cols = start + tl.arange(0, BC)
-        offsets = rows[:, None] * C + cols[None, :]
-        mask = (rows[:, None] < R) & (cols[None, :] < C)
-        z = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * row
-        grad_w = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        cdf = _cdf(z)
-        tl.store(w_ptr + offsets, (z * cdf).to(w_ptr.dtype.element_ty), mask=mask)
-        d = _gelu_grad(z, cdf) * (grad_w * row)
-        tl.store(d_ptr + offsets, d.to(d_ptr.dtype.element_ty), mask=mask)
-        dot += tl.sum(d * z, axis=1)  # masked entries: z = 0, add nothing
-    tl.store(dot_ptr + rows, dot, mask=rows < R)
 
 
 @triton.jit
@@ -257,13 +237,6 @@ def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Ten
     e, total, new_max = torch.empty_like(a), _stat(a), _stat(a)
     _softmax_forward_kernel[_row_grid(a)](a, running_max, e, total, new_max, *a.shape, **_ROWS)
     return e, total, new_max
-
-
-def l2_norm_gelu_backward(a: Tensor, grad_w: Tensor, row: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    a, grad_w, row = a.contiguous(), grad_w.contiguous(), row.contiguous()
-    w, d, dot = torch.empty_like(a), torch.empty_like(a), _stat(a)
-    _l2_norm_gelu_backward_kernel[_row_grid(a)](a, grad_w, row, w, d, dot, *a.shape, **_ROWS)
-    return w, d, dot
 
 
 def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
