@@ -11,9 +11,10 @@ stopping the rest, each in the report:
     environment  device, memory, driver, Python, torch, CUDA, Triton and DeepSpeed versions, and the two
                  ceilings measured: a bf16 8192³ GEMM's TFLOP/s and a device-to-device copy's GB/s
     gpu-tests    pytest -m gpu: compiled Triton flash against plain, the model on CUDA against the CPU
-    kernels      benchmarks.gpu_pattention --no-steps --profile: fused and flash forward+backward against the six
-                 GEMMs at the paper configs' shapes, 16k tokens, with flash's peak memory over fused's, and the
-                 profiler's kernel table of each at the 1-5B FFN shape
+    kernels      benchmarks.gpu_pattention --no-steps --profile --rows-sweep: fused and flash forward+backward
+                 against the six GEMMs at the paper configs' shapes, 16k tokens, with flash's peak memory over
+                 fused's, flash at 1-5B shapes with 512 to 4096 input rows a block, and the profiler's kernel
+                 table of each at the 1-5B FFN shape
     training     python deepy.py train.py configs/1-5B.yml at 4 layers (full width and vocabulary), one GPU,
                  NCCL, DeepSpeed ZeRO-1, bf16, micro-batch 8 of 2048 tokens, on data and a 50,277-token
                  tokenizer made here: flash and fused for 30 iterations each, whose tokens/s, TFLOP/s per GPU, MFU
@@ -202,8 +203,8 @@ def run_benchmark(check: Check, result: StepResult, module: str, arguments: list
 
 
 def step_kernels(check: Check, result: StepResult) -> None:
-    ran = run_benchmark(check, result, "benchmarks.gpu_pattention", ["--no-steps", "--profile", "--repeats", "5"],
-                        240)
+    ran = run_benchmark(check, result, "benchmarks.gpu_pattention",
+                        ["--no-steps", "--profile", "--rows-sweep", "--repeats", "5"], 240)
     if ran is None:
         return
     data, output = ran

@@ -2,7 +2,8 @@
 training steps of the paper configs at reduced depth, flash vs fused.
 
     .venv/bin/python -m benchmarks.gpu_pattention [--tokens 16384] [--dtype bf16|fp32] [--repeats 10]
-        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--peak-tflops T] [--json FILE]
+        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--rows-sweep] [--peak-tflops T]
+        [--json FILE]
 
 Needs a CUDA device and Triton. Without them it prints one line saying so (stderr) and exits with status 2:
 nothing was measured, which is neither a result (0) nor a failure of the code (1), so a script running it on
@@ -23,9 +24,10 @@ backward and the optimizer step, flash and fused alternating. MFU = tokens/s × 
 (megatron/model/flops.py, no recomputation) / peak FLOP/s: the fastest bf16 8192² matmul measured here, or
 --peak-tflops (e.g. the data sheet's dense bf16 figure).
 
---profile prints torch.profiler's kernel table of one flash and one fused forward + backward (l2_norm_gelu, the
-1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py measures training through deepy.py
-instead); --json also writes every row to FILE.
+--rows-sweep times flash (l2_norm_gelu) at the 1-5B shapes with each block size of ROWS_SWEEP, the figures that
+set flash.ROWS on a GPU. --profile prints torch.profiler's kernel table of one flash and one fused forward +
+backward (l2_norm_gelu, the 1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
+measures training through deepy.py instead); --json also writes every row to FILE.
 
 Last line: "ratio: flash (Triton) Pattention time / six GEMMs = X (all shapes and Θ; worst Y); training-step
 MFU at <largest config>: flash A, fused B".
@@ -149,6 +151,43 @@ def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
     return rows
 
 
+# Row-block sizes of flash timed at the largest config's shapes: the data that sets flash.ROWS on a GPU.
+ROWS_SWEEP = (512, 1024, 2048, 4096)
+
+
+def rows_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
+    """flash (l2_norm_gelu) at the largest config's shapes with each of ROWS_SWEEP input rows a block: its time
+    over the six GEMMs' and its peak memory (MiB), alternating as the kernel rows do."""
+    from benchmarks.pattention import forward_backward, gemms_only
+    from megatron.model.pattention import flash as flash_module
+
+    default = flash_module.ROWS
+
+    def with_rows(size: int, step: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            flash_module.ROWS = {"cpu": size, "default": size}
+            try:
+                step()
+            finally:
+                flash_module.ROWS = default
+        return run
+
+    results = []
+    for shape in LARGEST_CONFIG_SHAPES:
+        x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
+        steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out)}
+        for size in ROWS_SWEEP:
+            steps[size] = with_rows(size, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
+        times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
+        for size in ROWS_SWEEP:
+            for t in (x, *keys, *values):
+                t.grad = None
+            results.append({"name": shape[0], "rows": size, "over_gemms": times[size] / times["gemms"],
+                            "peak_mib": peak_step_bytes(steps[size]) / 2**20, "default": size == default["default"]})
+        torch.cuda.empty_cache()
+    return results
+
+
 def kernel_profile(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype) -> str:
     """torch.profiler's table of the GPU kernels of one flash and one fused forward + backward (after a warm-up
     run), by their total device time: where flash's time goes beyond the GEMMs."""
@@ -223,6 +262,8 @@ def main() -> None:
     parser.add_argument("--no-steps", action="store_true", help="time the kernels only")
     parser.add_argument("--profile", action="store_true",
                         help="also print the GPU kernels of flash and fused at the 1-5B FFN shape (torch.profiler)")
+    parser.add_argument("--rows-sweep", action="store_true",
+                        help=f"also time flash with {', '.join(map(str, ROWS_SWEEP))} input rows a block")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     options = parser.parse_args()
     reason = unavailable_reason()
@@ -247,6 +288,13 @@ def main() -> None:
     fused_over_gemms = sum(r["fused"] for r in rows) / sum(r["gemms"] for r in rows)
     flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
     worst = max(r["flash"] / r["gemms"] for r in rows)
+    sweep = rows_sweep(options.tokens, dtype, options.repeats) if options.rows_sweep else None
+    if sweep:
+        print("\nflash by input rows a block (ROWS; l2_norm_gelu; * = the default):")
+        print(f"{'layer':<14} {'rows':>6} {'flash/G':>8} {'peak MiB':>9}")
+        for r in sweep:
+            print(f"{r['name']:<14} {r['rows']:>5}{'*' if r['default'] else ' '} {r['over_gemms']:>8.2f} "
+                  f"{r['peak_mib']:>9.0f}")
     profiled = kernel_profile("l2_norm_gelu", LARGEST_CONFIG_SHAPES[-1], options.tokens, dtype) \
         if options.profile else None
     if profiled:
@@ -255,7 +303,7 @@ def main() -> None:
         with open(options.json, "w", encoding="utf-8") as stream:
             json.dump({"tokens": options.tokens, "dtype": options.dtype, "kernels": rows,
                        "flash_over_gemms": flash_over_gemms, "fused_over_gemms": fused_over_gemms,
-                       "worst": worst, "profile": profiled}, stream, indent=1)
+                       "worst": worst, "rows_sweep": sweep, "profile": profiled}, stream, indent=1)
     if options.no_steps:
         print(f"ratio: flash (Triton) Pattention time / six GEMMs = {flash_over_gemms:.2f} (all shapes and Θ; worst "
               f"{worst:.2f}); fused {fused_over_gemms:.2f}")
