@@ -32,8 +32,10 @@ from megatron.model.pattention import tiles_torch
 from megatron.model.pattention.fused import normalize_backward_by_tiles, normalize_by_tiles
 from megatron.model.pattention.theta import Reduce, check_theta, identity
 
-# Input rows a block, by device type. A GPU wants GEMMs of at least a thousand rows to fill its SMs (at the
-# 1-5B FFN, n = 6144, a bf16 [1024, n] buffer is 12 MiB; backward holds four); a CPU's cache wants few.
+# Input rows a block, by device type. A GPU wants GEMMs of a few thousand rows to fill its SMs (at the 1-5B FFN,
+# n = 6144, a bf16 [2048, n] buffer is 24 MiB; backward holds four; benchmarks.gpu_pattention --rows-sweep times
+# the choice). On a CPU more rows run faster, but at 1024 tokens 128 rows already hold 0.43 of the fused node's
+# peak memory (benchmarks/RESULTS.md).
 ROWS = {"cpu": 64, "default": 2048}
 
 
@@ -98,7 +100,8 @@ class _FlashPattention(torch.autograd.Function):
         n = n.to(torch.promote_types(x.dtype, torch.float32))
         out = x.new_empty(len(keys), len(x), values[0].shape[1])
         statistics = torch.empty(len(keys), len(x), 1, dtype=n.dtype, device=x.device)
-        rows, row_maxes = torch.empty_like(statistics), torch.empty_like(statistics)
+        rows = torch.empty_like(statistics)
+        row_maxes = torch.empty_like(statistics) if theta == "softmax" else None
         for b, (key, value) in enumerate(zip(keys, values)):
             for r in row_blocks(len(x), x.device):
                 weights, statistics[b, r], rows[b, r], row_max = normalize_by_tiles(
@@ -107,9 +110,9 @@ class _FlashPattention(torch.autograd.Function):
                 del weights  # before the next block's scores exist
                 if theta != "l2_norm_gelu":
                     out[b, r].mul_(rows[b, r])
-                if row_max is not None:
+                if row_maxes is not None:
                     row_maxes[b, r] = row_max
-        ctx.save_for_backward(x, n, statistics, rows, row_maxes if theta == "softmax" else None, *tokens)
+        ctx.save_for_backward(x, n, statistics, rows, row_maxes, *tokens)
         ctx.theta, ctx.tau, ctx.reduce_sum, ctx.tiles = theta, tau, reduce_sum, tiles
         return out
 

@@ -100,7 +100,7 @@ def normalize_by_tiles(a: Tensor, theta: str, n: Tensor, tiles: ModuleType, redu
     row factor, softmax's row max), the statistics [rows, 1] in fp32."""
     if theta == "softmax":
         row_max = reduce_max(at_least_fp32(a.amax(dim=-1, keepdim=True)))
-        weights, total, _ = tiles.softmax_forward(a, row_max)
+        weights, total = tiles.softmax_forward(a, row_max)
         statistic = reduce_sum(total)
         return weights, statistic, n / statistic, row_max
     if theta == "gelu_l2_norm":

@@ -16,7 +16,7 @@ reduction (fused.py), `coef` being c·live/s or c·q/N respectively:
                    softmax_backward_dot: Σ q·dW·exp(a − m) (the backward's c of the other two)
     gelu_l2_norm   forward  G = GeLU(a), Σ G²
                    backward dA = GeLU'(a)·(r·dW − coef·G)             (and r·G, for dV)
-    softmax        forward  E = exp(a − m'), Σ E, m' = max(m, rowmax a)
+    softmax        forward  E = exp(a − m), Σ E   (m at least a's own row max)
                    backward dA = E·(q·dW − coef), E = exp(a − m)      (and q·E, for dV)
 """
 
@@ -53,11 +53,9 @@ def gelu_l2_norm_forward(a: Tensor) -> tuple[Tensor, Tensor]:
     return g.to(a.dtype), torch.linalg.vector_norm(g, dim=-1, keepdim=True).square_()
 
 
-def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    a32 = at_least_fp32(a)
-    new_max = torch.maximum(running_max, a32.amax(dim=-1, keepdim=True))
-    e = torch.exp(a32 - new_max)
-    return e.to(a.dtype), e.sum(dim=-1, keepdim=True), new_max
+def softmax_forward(a: Tensor, row_max: Tensor) -> tuple[Tensor, Tensor]:
+    e = torch.exp(at_least_fp32(a) - row_max)
+    return e.to(a.dtype), e.sum(dim=-1, keepdim=True)
 
 
 def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:

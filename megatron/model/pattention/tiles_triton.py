@@ -4,9 +4,8 @@ the same arguments and results.
 tiles_torch.py gives the math and is the reference. Each PyTorch version makes several passes over the tile
 (one per elementwise op, each with an [R, C] temporary); each kernel here reads a (and grad_w) once, computes
 in fp32 registers and writes its results once. Elementwise functions run one program per BLOCK_R × BLOCK_C
-block; those with a row reduction (gelu_l2_norm_forward's Σ G², softmax_forward's row max and Σ E,
+block; those with a row reduction (gelu_l2_norm_forward's Σ G², softmax_forward's Σ E,
 sum_squares and the three backward dots) run one program per ROW_BLOCK_R rows, looping over the columns.
-softmax_forward alone reads a twice (see its kernel).
 """
 
 from __future__ import annotations
@@ -125,29 +124,19 @@ def _gelu_l2_norm_forward_kernel(a_ptr, g_ptr, sq_ptr, R, C, BR: tl.constexpr, B
 
 
 @triton.jit
-def _softmax_forward_kernel(a_ptr, running_max_ptr, e_ptr, sum_ptr, new_max_ptr, R, C,
-                            BR: tl.constexpr, BC: tl.constexpr):
-    # E is relative to the new row max, which depends on the whole row: one sweep finds it, a second writes E
-    # (and re-reads a, which for a tile is still in cache).
+def _softmax_forward_kernel(a_ptr, max_ptr, e_ptr, sum_ptr, R, C, BR: tl.constexpr, BC: tl.constexpr):
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    new_max = tl.load(running_max_ptr + rows, mask=rows < R, other=0.0)
-    for start in range(0, C, BC):
-        cols = start + tl.arange(0, BC)
-        mask = (rows[:, None] < R) & (cols[None, :] < C)
-        a = tl.load(a_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-        new_max = tl.maximum(new_max, tl.max(a, axis=1))
+    row_max = tl.load(max_ptr + rows, mask=rows < R, other=0.0)[:, None]
     total = tl.zeros([BR], dtype=tl.float32)
     for start in range(0, C, BC):
         cols = start + tl.arange(0, BC)
         offsets = rows[:, None] * C + cols[None, :]
         mask = (rows[:, None] < R) & (cols[None, :] < C)
         a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        # where, not other=-inf: a masked entry must add 0 even in a row whose max is still -inf.
-        e = tl.where(mask, tl.exp(a - new_max[:, None]), 0.0)
+        e = tl.where(mask, tl.exp(a - row_max), 0.0)  # a masked entry adds nothing to Σ E
         tl.store(e_ptr + offsets, e.to(e_ptr.dtype.element_ty), mask=mask)
         total += tl.sum(e, axis=1)
     tl.store(sum_ptr + rows, total, mask=rows < R)
-    tl.store(new_max_ptr + rows, new_max, mask=rows < R)
 
 
 @triton.jit
@@ -232,11 +221,11 @@ def gelu_l2_norm_forward(a: Tensor) -> tuple[Tensor, Tensor]:
     return g, sq
 
 
-def softmax_forward(a: Tensor, running_max: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    a, running_max = a.contiguous(), running_max.contiguous()
-    e, total, new_max = torch.empty_like(a), _stat(a), _stat(a)
-    _softmax_forward_kernel[_row_grid(a)](a, running_max, e, total, new_max, *a.shape, **_ROWS)
-    return e, total, new_max
+def softmax_forward(a: Tensor, row_max: Tensor) -> tuple[Tensor, Tensor]:
+    a, row_max = a.contiguous(), row_max.contiguous()
+    e, total = torch.empty_like(a), _stat(a)
+    _softmax_forward_kernel[_row_grid(a)](a, row_max, e, total, *a.shape, **_ROWS)
+    return e, total
 
 
 def gelu_l2_norm_backward(a: Tensor, grad_w: Tensor, row: Tensor, coef: Tensor) -> tuple[Tensor, Tensor]:
