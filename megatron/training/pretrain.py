@@ -35,6 +35,7 @@ from megatron.training.metrics import MetricsWriter
 from megatron.training.numerics import NonFiniteSteps, skip_nonfinite_updates
 from megatron.training.optimizer import build_optimizer, deepspeed_config
 from megatron.training.pattention_choice import resolve_pattention_impl
+from megatron.training.phases import BOOKKEEPING, LOGGING, mark_pipeline, phase
 from megatron.training.preemption import ExitConditions
 from megatron.training.step import evaluate, lm_loss, train_step
 from megatron.training.utilization import Utilization
@@ -55,10 +56,9 @@ class RunState:
     exit_reason: str | None = None
 
 
-def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, deepspeed_extra: dict | None = None):
-    """Tokenizer (for the vocabulary size), model, optimizer and the DeepSpeed engine; `frozen_tokens`: the
-    leading parameter tokens of each Pattention kind kept out of training (growth/freezing.py);
-    `deepspeed_extra`: sections added to DeepSpeed's config (e.g. {"checkpoint": {"load_universal": True}})."""
+def run_model_args(cfg) -> TokenFormerArgs:
+    """The model a run of `cfg` trains: the vocabulary padded from its tokenizer's (and set on `cfg`), the
+    Pattention implementation decided (`auto` resolved for this device and run, and said)."""
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file)
     cfg.padded_vocab_size = pad_vocab_size(
         tokenizer.vocab_size, cfg.make_vocab_size_divisible_by, cfg.model_parallel_size
@@ -67,7 +67,14 @@ def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, dee
     impl, why = resolve_pattention_impl(cfg, model_args, get_accelerator())
     if why:
         print_rank_0(f"pattention_impl: auto -> {impl}: {why}")
-    model_args = dataclasses.replace(model_args, pattention_impl=impl)
+    return dataclasses.replace(model_args, pattention_impl=impl)
+
+
+def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, deepspeed_extra: dict | None = None):
+    """Model, optimizer and the DeepSpeed engine; `frozen_tokens`: the leading parameter tokens of each
+    Pattention kind kept out of training (growth/freezing.py); `deepspeed_extra`: sections added to DeepSpeed's
+    config (e.g. {"checkpoint": {"load_universal": True}})."""
+    model_args = run_model_args(cfg)
     # pipe_parallel_size 0: the plain model; 1 or more: DeepSpeed's pipeline engine, as in GPT-NeoX.
     pipelined = cfg.pipe_parallel_size >= 1
     if pipelined:
@@ -89,6 +96,8 @@ def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, dee
         dist_init_required=False,
         mpu=None if pipelined else mpu,
     )
+    if pipelined:
+        mark_pipeline(engine)
     return engine, optimizer, model_args
 
 
@@ -166,19 +175,23 @@ class Trainer:
         print_rank_0(f"validation at iteration {self.state.iteration} | lm_loss {loss:.4f}")
         return loss
 
-    def train(self) -> RunState:
+    def train(self, until: int | None = None) -> RunState:
+        """Train to iteration `until` (default: train_iters); a caller may run the loop in parts (benchmarks)."""
         cfg, state = self.cfg, self.state
         if state.iteration >= cfg.train_iters:
             print_rank_0(f"nothing to do: checkpoint is at iteration {state.iteration} >= train_iters")
             return state
+        until = cfg.train_iters if until is None else min(until, cfg.train_iters)
         batches = self._iterator(self.splits.train, state.consumed_samples)
         tokens_per_step = cfg.train_batch_size * cfg.seq_length
         self.train_start = window_start = time.perf_counter()
         window_steps, first_window = 0, True
-        while state.iteration < cfg.train_iters:
-            lr = self.schedule.apply(self.optimizer, state.iteration)
+        while state.iteration < until:
+            with phase(BOOKKEEPING):
+                lr = self.schedule.apply(self.optimizer, state.iteration)
             loss, grad_norm = train_step(self.engine, batches)
-            self.nonfinite_steps.check(state.iteration + 1, loss, grad_norm)
+            with phase(BOOKKEEPING):
+                self.nonfinite_steps.check(state.iteration + 1, loss, grad_norm)
             state.iteration += 1
             state.consumed_samples += cfg.train_batch_size
             state.last_train_loss = loss
@@ -186,7 +199,8 @@ class Trainer:
             logged = state.iteration % cfg.log_interval == 0 or state.iteration == cfg.train_iters
             if logged:
                 elapsed = time.perf_counter() - window_start
-                self._log_train(loss, lr, grad_norm, elapsed / window_steps, tokens_per_step, first_window)
+                with phase(LOGGING):
+                    self._log_train(loss, lr, grad_norm, elapsed / window_steps, tokens_per_step, first_window)
                 window_steps, first_window = 0, False
             if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
                 self.evaluate()
@@ -194,7 +208,9 @@ class Trainer:
                 save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples, self.growth.record_to_save())
             if logged:  # the next interval's time is training alone: evaluation and saving are not in it
                 window_start = time.perf_counter()
-            if state.iteration < cfg.train_iters and self._stops_early():
+            with phase(BOOKKEEPING):
+                stop = state.iteration < cfg.train_iters and self._stops_early()
+            if stop:
                 break
         return state
 
