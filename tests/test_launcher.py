@@ -166,3 +166,14 @@ def test_each_rank_takes_its_share_of_the_cores(environment, expected):
         local = environment.get("LOCAL_SIZE") or environment["LOCAL_WORLD_SIZE"]
         assert said == [f"threads: {expected} per process ({cores} cores, {local} processes per node); "
                         "set OMP_NUM_THREADS to choose"]
+
+
+@pytest.mark.parametrize(("device", "environment", "expected"), [
+    ("cuda", {}, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    ("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, {}),  # the user's setting stands
+    ("cpu", {}, {}),
+])
+def test_a_cuda_rank_uses_expandable_segments_unless_told_otherwise(device, environment, expected):
+    from megatron.runtime.entry import allocator_settings
+
+    assert allocator_settings(device, environment) == expected

@@ -52,3 +52,4 @@ def test_deepspeed_config_carries_batch_clipping_zero_and_precision():
         12, 2, 3)
     assert ds["gradient_clipping"] == 0.5 and ds["zero_optimization"]["stage"] == 2
     assert ds["bf16"] == {"enabled": True} and "fp16" not in ds
+    assert ds["timers"] == {"throughput": {"enabled": False}}  # its device syncs: two a step

@@ -42,10 +42,22 @@ def share_cores() -> int:
     return threads
 
 
+def allocator_settings(device_name: str, environ: dict[str, str]) -> dict[str, str]:
+    """Environment for the device's memory allocator, set before its first allocation: on CUDA, PyTorch's
+    expandable segments unless PYTORCH_CUDA_ALLOC_CONF says otherwise. A training step allocates buffers of
+    very different sizes in turn (activations in forward, flat gradient and master-weight partitions in the
+    optimizer step); with fixed segments the cache fragments, and near the card's capacity every step frees the
+    whole cache and retries the allocation, each time waiting for the device (docs/performance.md)."""
+    if device_name != "cuda" or "PYTORCH_CUDA_ALLOC_CONF" in environ:
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
 def _prepare_process(settings: RuntimeSettings) -> None:
-    """What a rank sets before its script's work: Triton's interpreter where the kernels run on a CPU, its share
-    of the cores, the watch on deepy.py, the extension cache (as deepy.py does, for ranks started without it:
-    srun, mpirun by hand)."""
+    """What a rank sets before its script's work: the device allocator's settings, Triton's interpreter where the
+    kernels run on a CPU, its share of the cores, the watch on deepy.py, the extension cache (as deepy.py does,
+    for ranks started without it: srun, mpirun by hand)."""
+    os.environ.update(allocator_settings(get_accelerator().device_name(), os.environ))
     if settings.flash_backend == "triton" and get_accelerator().device_name() == "cpu":
         # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
