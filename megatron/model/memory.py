@@ -26,9 +26,9 @@ a head; a Pattention has n parameter tokens (n_qkv for Q, K, V; n_proj; n_ffn) a
     + e·d with τ ≠ 1 for fused and flash: they keep proj's input scaled by τ, a copy of SDPA's output
     per layer and sequence position: 4·r (rotary cos and sin, fp32, shared by the micro-batch's sequences);
     per layer: 20 (the five token counts n)
-    model, per token: 2·e·d + 2·z + 8·V + 22 (embedding ids and mask; the final norm's input and statistics;
-        the logits GEMM's input; the loss: exp of the shifted fp32 logits and, saved by the label gather, the
-        shifted logits themselves, the label index, mask and Σexp); per position 8 with learned positions
+    model, per token: 2·e·d + 2·z + e·V + 30 (embedding ids and mask; the final norm's input and statistics;
+        the logits GEMM's input; the loss (megatron/mpu/cross_entropy.py): the logits, their fp32 row max,
+        Σexp and label logit, the label index and mask); per position 8 with learned positions
     activation checkpointing (groups of k layers): e·d per token for each group's input instead of the layers
 
 So flash's bytes do not depend on n, plain's and fused's grow with it: a flash Pattention keeps its input and
@@ -37,10 +37,10 @@ two or three fp32 numbers per token, where fused keeps e·n bytes more.
 Largest micro-batch (sequences of seq_length on one GPU), ZeRO-1 over D data-parallel ranks (default 8):
     model states  2·P (bf16 parameters) + 2·P (bf16 gradients), replicated, + 12·P / D (fp32 master
                   weights, Adam m and v, sharded)
-    activations   without checkpointing: every layer's saved bytes + the model's + the loss's transients (the
-                  logits in e and their fp32 copy, alive beside the loss's saved tensors: (e + 4)·V per
-                  token); with checkpointing: the groups' inputs + one group's saved bytes (recomputed during
-                  its backward) + the model's + the loss's transients
+    activations   without checkpointing: every layer's saved bytes + the model's + the loss's transients (in
+                  its backward, beside the logits it keeps: their gradient, e·V per token, and one block of rows
+                  in fp32, at most cross_entropy.BLOCK_BYTES); with checkpointing: the groups' inputs + one
+                  group's saved bytes (recomputed during its backward) + the model's + the loss's transients
     budget        (1 − reserve) · GPU memory − model states; the reserve (default 10 %) is left for the
                   allocator's fragmentation, kernel workspaces, DeepSpeed's communication buckets and the
                   backward's transient buffers (one Pattention's at a time: fused at most two [tokens, n] fp32
@@ -60,6 +60,7 @@ import torch
 from megatron.model.args import NORM_ACTIVATIONS, PATTENTION_IMPLS, TokenFormerArgs
 from megatron.model.parameter_count import count_parameters_by_component
 from megatron.model.tokenformer import TokenFormerModel
+from megatron.mpu.cross_entropy import BLOCK_BYTES
 
 FP32 = 4
 GIB = 2**30
@@ -137,7 +138,7 @@ def saved_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, device: st
     embedding = 8 + 1
     final_norm = e * d + 2 * z
     logits_input = e * d
-    loss = 2 * FP32 * vocab + 8 + 1 + FP32
+    loss = e * vocab + 3 * FP32 + 8 + 1
     return SavedBytes(
         layer_per_token=norms + pattention_inputs + attention + pattentions,
         layer_per_position=2 * FP32 * (args.rotary_dims // 2),
@@ -148,10 +149,11 @@ def saved_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, device: st
     )
 
 
-def loss_transient_per_token(args: TokenFormerArgs, dtype: torch.dtype) -> int:
-    """Bytes per token alive at the loss besides what it saves: the logits (e) and their fp32 copy (none in fp32)."""
-    e = element_bytes(dtype)
-    return (e + (FP32 if e < FP32 else 0)) * args.padded_vocab_size
+def loss_transient_bytes(args: TokenFormerArgs, dtype: torch.dtype, tokens: int) -> int:
+    """Bytes alive at the loss's backward besides what it saves: the logits' gradient and one block of its rows
+    in fp32 (megatron/mpu/cross_entropy.py)."""
+    width = FP32 * args.padded_vocab_size
+    return element_bytes(dtype) * args.padded_vocab_size * tokens + width * min(tokens, max(1, BLOCK_BYTES // width))
 
 
 def peak_activation_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, batch: int, checkpointing: bool,
@@ -159,7 +161,7 @@ def peak_activation_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, 
     """Activation bytes of a training step of `batch` sequences at its peak, by the accounting above."""
     saved = saved_bytes(args, impl, dtype, device)
     layers, seq = args.num_layers, args.seq_length
-    transient = loss_transient_per_token(args, dtype) * batch * seq
+    transient = loss_transient_bytes(args, dtype, batch * seq)
     if not checkpointing:
         return saved.total(layers, batch, seq) + transient
     group = min(args.checkpoint_num_layers, layers)
