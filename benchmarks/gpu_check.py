@@ -52,10 +52,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.synthetic_data import write_training_data
+
 REPO = Path(__file__).resolve().parents[1]
 REDUCED_DEPTH = 4  # layers of the training step's runs (full width and vocabulary)
 UNAVAILABLE_EXIT = 2
-VOCAB = 50277  # GPT-NeoX-20B's token count, which the paper configs' vocabulary is padded from
 WARMUP_ITERATIONS = 5
 KIT_PYTHON = (3, 12)  # the GPU machine's, for which benchmarks/gpu_kit.py fetches the compiled wheels
 TARGETS = {  # issue 26's targets, checked in the report
@@ -217,34 +218,6 @@ def step_kernels(check: Check, result: StepResult) -> None:
     result.summary = (f"flash / six GEMMs: {data['flash_over_gemms']:.2f} overall, "
                       f"{data['flash_over_gemms_1_5B']:.2f} at 1-5B shapes; flash / fused peak memory at n >= 4d "
                       f"<= {data['peak_flash_over_fused_n_ge_4d']:.2f}")
-
-
-def write_training_data(folder: Path) -> tuple[Path, Path]:
-    """A tokenizer.json of VOCAB word-level tokens and a dataset of documents that follow a learnable rule
-    (each token a document-specific step from the last, mostly), so the loss falls; nothing is downloaded."""
-    import numpy as np
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from megatron.data.indexed_dataset import (MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path,
-                                               index_file_path)
-
-    prefix = str(folder / "synthetic_text_document")
-    if (folder / "tokenizer.json").exists():  # written by an earlier step of this check
-        return Path(prefix), folder / "tokenizer.json"
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = {f"w{i}": i for i in range(VOCAB - 1)} | {"<|endoftext|>": VOCAB - 1}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    rng = np.random.default_rng(0)
-    builder = MMapIndexedDatasetBuilder(data_file_path(prefix), dtype=best_fitting_dtype(VOCAB))
-    lengths = rng.integers(1024, 8192, size=400)
-    for length in lengths:
-        steps = np.where(rng.random(length) < 0.9, rng.integers(1, 64), rng.integers(0, VOCAB - 1, size=length))
-        builder.add_item((rng.integers(0, VOCAB - 1) + np.cumsum(steps)) % (VOCAB - 1))
-        builder.end_document()
-    builder.finalize(index_file_path(prefix))
-    return Path(prefix), folder / "tokenizer.json"
 
 
 def training_overlay(check: Check, data: Path, tokenizer: Path, iterations: int, full_depth: bool = False) -> Path:

@@ -1,0 +1,507 @@
+"""The framework's training step against the same model in a plain PyTorch loop, and where its extra time goes.
+
+    python -m benchmarks.framework_step [--size cpu|toy|full] [--layers N] [--precision fp32|bf16]
+        [--variants ...] [--warmup 2] [--steps 5] [--profile-steps 2] [--rounds 1] [--json FILE]
+
+One model, configs/1-5B.yml's (at `--size full`; `cpu` and `toy` keep its keys but shrink width, depth,
+sequence and vocabulary to fit a CPU; `--layers` sets the depth), trained five ways on one device:
+
+    plain          TokenFormerModel in the run's dtype: forward, fp32 logits into F.cross_entropy, backward, torch's
+                   fused AdamW with the config's betas, eps and weight-decay groups, on one batch kept on the device
+    plain+masters  the same in bf16 with fp32 master weights, as mixed precision keeps them: gradients copied to
+                   fp32 and clipped by their global norm, AdamW on the masters, the masters copied back (bf16 only)
+    framework-pp0  the Trainer exactly as `deepy.py train.py configs/1-5B.yml` builds it: DeepSpeed's engine with
+                   the config's ZeRO stage 1, its data path (memory-mapped corpus, sampler, loader), learning-rate
+                   schedule, gradient clipping, non-finite check, exit conditions and a log line every
+                   log_interval (the config's 1), with pipe_parallel_size 0 (DeepSpeed's plain engine) ...
+    framework-pp1  ... and 1, the config's own (DeepSpeed's pipeline engine with one stage)
+    framework-pp1+recompute  ... with the config's own activation checkpointing (its HFU counts the recomputed
+                   forward; only when asked for)
+    gpt-neox       transformers' GPTNeoXForCausalLM of the same parameter count (MLP width chosen to match) in the
+                   plain loop
+
+Each variant runs in a process of its own (the whole device to itself; the variants follow each other,
+`--rounds` times, and each keeps its fastest round): `--warmup` steps, then `--steps` timed together, then
+`--profile-steps` under torch.profiler. The corpus and the tokenizer are made here (benchmarks/synthetic_data.py).
+bf16 on a GPU, fp32 on a CPU unless `--precision` says otherwise. TFLOP/s count megatron/model/flops.py's model
+FLOPs (no recomputation; the same count for every variant); MFU is over the device's dense bf16 peak
+(megatron/training/utilization.py) on a GPU and over the fastest fp32 GEMM measured here on a CPU. The breakdown
+(benchmarks/step_breakdown.py) splits each variant's profiled steps by phase. The last line is the framework's
+tokens/s (the config's pipe_parallel_size) over the plain loop's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from megatron.training.phases import BOOKKEEPING, DATA, GRADIENT_REDUCTION, LOSS, LOSS_READOUT, OPTIMIZER
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "1-5B.yml"
+VARIANTS = ("plain", "plain+masters", "framework-pp0", "framework-pp1", "framework-pp1+recompute", "gpt-neox")
+DEFAULT_VARIANTS = ("plain", "plain+masters", "framework-pp0", "framework-pp1", "gpt-neox")
+# Shapes that fit a CPU, laid over configs/1-5B.yml (the 150M config's ratios: qkv = proj = d, ffn = 4d).
+SIZES = {
+    "full": {"vocab": 50277, "micro_batch": 8, "overrides": []},
+    "cpu": {"vocab": 8192, "micro_batch": 2, "overrides": [
+        "num_layers=4", "hidden_size=512", "num_attention_heads=8", "qkv_slot_num=512", "proj_slot_num=512",
+        "ffn_slot_num=2048", "seq_length=512", "max_position_embeddings=512"]},
+    "toy": {"vocab": 512, "micro_batch": 2, "overrides": [
+        "num_layers=2", "hidden_size=64", "num_attention_heads=4", "qkv_slot_num=64", "proj_slot_num=64",
+        "ffn_slot_num=256", "seq_length=64", "max_position_embeddings=64"]},
+}
+
+
+@dataclass
+class Measured:
+    """One variant's run, as its process reports it; the allocator's figures on a GPU only."""
+
+    variant: str
+    parameters: int
+    tokens_per_step: int
+    step_seconds: float
+    peak_memory_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    allocator_retries: int | None = None  # cudaMalloc failures that freed the cache and retried, in timed steps
+    breakdown: dict = field(default_factory=dict)
+
+
+# --- the run's config and model, shared by every variant --------------------------------------------------------
+
+def run_overrides(size: str, layers: int | None, micro_batch: int, precision: str, data: Path, tokenizer: Path,
+                  log_dir: Path, iterations: int, pipe_parallel_size: int = 1, recompute: bool = False) -> list[str]:
+    """key=value overrides of configs/1-5B.yml for one process: the size, precision, the made-up data, one step =
+    one micro-batch, activation checkpointing only with `recompute`, no evaluation or saving."""
+    overrides = list(SIZES[size]["overrides"])
+    if layers is not None:
+        overrides.append(f"num_layers={layers}")
+    overrides += ["fp16={enabled: false}", f"bf16={{enabled: {'true' if precision == 'bf16' else 'false'}}}",
+                  "num_gpus=1", f"train_micro_batch_size_per_gpu={micro_batch}", f"train_batch_size={micro_batch}",
+                  "gradient_accumulation_steps=1",
+                  f"checkpoint_activations={'true' if recompute else 'false'}", f"pipe_parallel_size={pipe_parallel_size}",
+                  f"data_path={data}", f"vocab_file={tokenizer}", "tokenizer_type=HFTokenizer", "split=990,10,0",
+                  f"train_iters={iterations}", f"lr_decay_iters={iterations}", "eval_interval=100000", "eval_iters=1",
+                  "extra_save_iters=null", "keep_last_n_checkpoints=null", f"log_dir={log_dir}"]
+    return overrides
+
+
+def device_and_dtype(precision: str):
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    device = torch.device(get_accelerator().current_device_name())
+    return device, {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+
+
+def synchronize() -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().synchronize()
+
+
+def allocator_figures() -> dict[str, int]:
+    """The CUDA caching allocator's peaks and retries since the last reset (nothing on a CPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {"peak_memory_bytes": stats["allocated_bytes.all.peak"],
+            "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
+            "allocator_retries": stats["num_alloc_retries"]}
+
+
+def profile_steps(run: Callable[[int], None], steps: int) -> dict:
+    """The phase breakdown of `steps` steps of `run` under torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.step_breakdown import as_json, breakdown
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        run(steps)
+        synchronize()
+    return as_json(breakdown(prof.events(), steps))
+
+
+def measure(variant: str, build: Callable[[], tuple[Callable[[int], None], int, int]], options) -> Measured:
+    """Warm-up, timed and profiled steps of the step function `build` returns (with the parameter count and the
+    tokens a step trains)."""
+    run, parameters, tokens = build()
+    import torch
+
+    run(options.warmup)
+    synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        retries_before = torch.cuda.memory_stats()["num_alloc_retries"]
+    start = time.perf_counter()
+    run(options.steps)
+    synchronize()
+    seconds = (time.perf_counter() - start) / options.steps
+    memory = allocator_figures()
+    if memory:
+        memory["allocator_retries"] -= retries_before
+    phases = profile_steps(run, options.profile_steps) if options.profile_steps else {}
+    return Measured(variant, parameters, tokens, seconds, **memory, breakdown=phases)
+
+
+# --- the variants -----------------------------------------------------------------------------------------------
+
+def plain_loop(model, cfg, device, masters: bool) -> Callable[[int], None]:
+    """Steps of the plain loop on one fixed batch; `masters`: with fp32 master weights (the model in bf16)."""
+    import torch
+    import torch.nn.functional as F
+
+    from megatron.training.optimizer import parameter_groups
+    from megatron.training.phases import BACKWARD, FORWARD, LOSS, OPTIMIZER, phase
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = parameter_groups(model, cfg.weight_decay)
+    if masters:
+        master_of = {p: p.detach().float().requires_grad_() for p in params}
+        groups = [{**g, "params": [master_of[p] for p in g["params"]]} for g in groups]
+        master_list = [master_of[p] for p in params]
+    settings = cfg.optimizer.get("params", {})
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(settings.get("betas", (0.9, 0.999))),
+                                  eps=settings.get("eps", 1e-8), fused=True)
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, cfg.padded_vocab_size, (cfg.train_micro_batch_size_per_gpu, cfg.seq_length + 1),
+                          generator=generator).to(device)
+
+    def step() -> None:
+        with phase(FORWARD):
+            logits = model(batch[:, :-1])
+        with phase(LOSS):
+            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        with phase(BACKWARD):
+            loss.backward()
+        with phase(OPTIMIZER):
+            if masters:
+                grads = [p.grad for p in params]
+                for master, grad in zip(master_list, grads):
+                    master.grad = grad.float()
+                norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([m.grad for m in master_list])))
+                torch._foreach_mul_([m.grad for m in master_list],
+                                    (cfg.gradient_clipping / (norm + 1e-6)).clamp(max=1.0))
+                optimizer.step()
+                with torch.no_grad():
+                    torch._foreach_copy_(params, master_list)
+                optimizer.zero_grad(set_to_none=True)
+                model.zero_grad(set_to_none=True)
+            else:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            step()
+
+    return run
+
+
+def gpt_neox_model(args):
+    """transformers' GPTNeoXForCausalLM with TokenFormer `args`' width, depth, heads, vocabulary and parameter count
+    (the MLP width that matches its Pattentions' parameters), returning logits."""
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    d = args.hidden_size
+    pattention_parameters = 2 * d * (3 * args.qkv_slot_num + args.proj_slot_num + args.ffn_slot_num)
+    config = GPTNeoXConfig(
+        vocab_size=args.padded_vocab_size, hidden_size=d, num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_attention_heads, intermediate_size=round((pattention_parameters - 4 * d * d)
+                                                                              / (2 * d)),
+        max_position_embeddings=args.seq_length, rotary_pct=args.rotary_pct, use_parallel_residual=False,
+        tie_word_embeddings=True, attn_implementation="sdpa")
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = GPTNeoXForCausalLM(config)
+
+        def forward(self, tokens):
+            return self.model(input_ids=tokens).logits
+
+    return Logits()
+
+
+def run_config(options, pipe_parallel_size: int = 1, recompute: bool = False):
+    from megatron.config import load_config
+
+    overrides = run_overrides(options.size, options.layers, options.micro_batch, options.precision,
+                              Path(options.data), Path(options.tokenizer), Path(options.work) / "logs",
+                              options.warmup + options.steps + options.profile_steps, pipe_parallel_size, recompute)
+    return load_config([CONFIG], overrides, world_size=1)
+
+
+def build_plain(options, masters: bool = False, neox: bool = False):
+    import torch
+
+    from megatron.model import TokenFormerModel
+    from megatron.training.pretrain import run_model_args
+
+    cfg = run_config(options)
+    args = run_model_args(cfg)
+    device, dtype = device_and_dtype(options.precision)
+    torch.manual_seed(0)
+    model = (gpt_neox_model(args) if neox else TokenFormerModel(args)).to(device=device, dtype=dtype)
+    model.train()
+    parameters = sum(p.numel() for p in model.parameters())
+    return plain_loop(model, cfg, device, masters), parameters, cfg.train_micro_batch_size_per_gpu * cfg.seq_length
+
+
+def build_framework(options, pipe_parallel_size: int, recompute: bool = False):
+    import torch.distributed as dist
+    from deepspeed.accelerator import get_accelerator
+
+    from megatron.training.pretrain import Trainer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    dist.init_process_group(get_accelerator().communication_backend_name(), rank=0, world_size=1)
+    cfg = run_config(options, pipe_parallel_size, recompute)
+    trainer = Trainer(cfg)
+
+    def run(steps: int) -> None:
+        trainer.train(until=trainer.state.iteration + steps)
+
+    parameters = sum(p.numel() for p in trainer.engine.module.parameters())
+    return run, parameters, cfg.train_batch_size * cfg.seq_length
+
+
+BUILDERS = {
+    "plain": lambda o: build_plain(o),
+    "plain+masters": lambda o: build_plain(o, masters=True),
+    "framework-pp0": lambda o: build_framework(o, 0),
+    "framework-pp1": lambda o: build_framework(o, 1),
+    "framework-pp1+recompute": lambda o: build_framework(o, 1, recompute=True),
+    "gpt-neox": lambda o: build_plain(o, neox=True),
+}
+
+
+# --- the parent: runs the variants, prints the tables -----------------------------------------------------------
+
+def child_run(options, variant: str, work: Path) -> dict:
+    """What `variant` measured (or, for "info", the run's facts), in a process of its own: the device stays
+    untouched in this one."""
+    from tests.distributed import free_port
+
+    out = work / f"{variant}.json"
+    command = [sys.executable, "-m", "benchmarks.framework_step", "--child", variant, "--json", str(out),
+               "--work", str(work / variant), "--port", str(free_port())]
+    for name in ("size", "layers", "micro_batch", "precision", "warmup", "steps", "profile_steps", "data",
+                 "tokenizer"):
+        if getattr(options, name) is not None:
+            command += [f"--{name.replace('_', '-')}", str(getattr(options, name))]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def run_facts(options) -> dict:
+    """The "info" child's answer: FLOPs per token, the device's peak and the micro-batch to run."""
+    micro_batch, why = choose_micro_batch(options)
+    options.micro_batch = micro_batch
+    flops, text = peak_flops(options)
+    return {"flops": flops_per_token_counts(options), "peak": [flops, text], "micro_batch": micro_batch, "why": why}
+
+
+def flops_per_token_counts(options) -> tuple[int, int]:
+    """(model FLOPs per token, with the recomputed forward too), megatron/model/flops.py."""
+    from megatron.model import flops_per_token
+    from megatron.training.pretrain import run_model_args
+
+    args = run_model_args(run_config(options))
+    return flops_per_token(args, include_recompute=False), flops_per_token(args, include_recompute=True)
+
+
+def choose_micro_batch(options) -> tuple[int, str]:
+    """`--micro-batch`, else the size's (configs/1-5B.yml's 8 at full size), or on a GPU the largest the memory
+    model fits on this card without recomputation when that is fewer; and why."""
+    import torch
+
+    if options.micro_batch is not None:
+        return options.micro_batch, f"micro-batch {options.micro_batch}"
+    wanted = SIZES[options.size]["micro_batch"]
+    if not torch.cuda.is_available():
+        return wanted, f"micro-batch {wanted}"
+    from megatron.model.memory import max_micro_batch
+    from megatron.training.pretrain import run_model_args
+
+    options.micro_batch = wanted
+    args = run_model_args(run_config(options))
+    fits = max_micro_batch(args, args.pattention_impl, False, torch.cuda.get_device_properties(0).total_memory,
+                           0.1, 1, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[options.precision])
+    if fits >= wanted:
+        return wanted, f"micro-batch {wanted} (the memory model fits up to {fits} on this card)"
+    return max(fits, 1), (f"micro-batch {max(fits, 1)}: the memory model fits no more on this card without "
+                          f"recomputation (configs/1-5B.yml has {wanted})")
+
+
+def peak_flops(options) -> tuple[float, str]:
+    """(FLOP/s the MFU column divides by, what it is)."""
+    import torch
+
+    from megatron.training.utilization import table_peak_tflops
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        tflops = table_peak_tflops(name)
+        if tflops is not None:
+            return tflops * 1e12, f"{name}'s dense bf16 peak, {tflops:g} TFLOP/s"
+    from benchmarks.train_throughput import gemm_peak_flops
+
+    flops = gemm_peak_flops(3, "wall")
+    return flops, f"the fastest fp32 2048³ GEMM here, {flops / 1e9:.1f} GFLOP/s"
+
+
+def print_tables(results: dict[str, Measured], flops: tuple[int, int], peak: tuple[float, str],
+                 framework: str) -> dict:
+    plain = results.get("plain")
+    rates = {name: r.tokens_per_step / r.step_seconds for name, r in results.items()}
+    print(f"MFU over {peak[1]}; FLOPs/token {flops[0]:,} (megatron/model/flops.py, no recomputation; HFU counts "
+          f"the recomputed forward too, {flops[1]:,})")
+    header = (f"{'variant':<24} {'params':>9} {'ms/step':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'HFU':>6} "
+              f"{'peak GiB':>9} {'reserved':>9} {'retries':>8} {'/ plain':>8}")
+    print(header)
+    print("-" * len(header))
+    summary = {}
+    for name, r in results.items():
+        gib = lambda value: "-" if value is None else f"{value / 2**30:.1f}"  # noqa: E731
+        ratio = rates[name] / rates["plain"] if plain else None
+        hardware = flops[1] if name.endswith("+recompute") else flops[0]
+        summary[name] = {"tokens_per_sec": rates[name], "tflops": rates[name] * flops[0] / 1e12,
+                         "mfu": rates[name] * flops[0] / peak[0], "hfu": rates[name] * hardware / peak[0],
+                         "ratio_to_plain": ratio, **asdict(r)}
+        print(f"{name:<24} {r.parameters / 1e6:>8.1f}M {r.step_seconds * 1e3:>9.1f} {rates[name]:>10,.0f} "
+              f"{rates[name] * flops[0] / 1e12:>8.3g} {summary[name]['mfu']:>6.1%} {summary[name]['hfu']:>6.1%} "
+              f"{gib(r.peak_memory_bytes):>9} {gib(r.peak_reserved_bytes):>9} "
+              f"{'-' if r.allocator_retries is None else r.allocator_retries:>8} "
+              f"{'-' if ratio is None else format(ratio, '.3f'):>8}")
+    profiled = {name: r for name, r in results.items() if r.breakdown}
+    if profiled:
+        print("\nper step, by phase (megatron/training/phases.py): host ms / device ms / operators / host syncs")
+        phases = list(dict.fromkeys(p for r in profiled.values() for p in r.breakdown))
+        print(f"{'phase':<28}" + "".join(f"{name:>30}" for name in profiled))
+        for phase_name in phases:
+            cells = []
+            for r in profiled.values():
+                c = r.breakdown.get(phase_name)
+                cells.append("-" if c is None else
+                             f"{c['host_ms']:.1f} / {c['device_ms']:.1f} / {c['ops']:.0f} / {c['syncs']:.0f}")
+            print(f"{phase_name.removeprefix('phase: '):<28}" + "".join(f"{cell:>30}" for cell in cells))
+        totals = []
+        for r in profiled.values():
+            device = sum(c["device_ms"] for c in r.breakdown.values())
+            idle = f", device idle {max(0.0, r.step_seconds * 1e3 - device):.1f}" if device else ""
+            totals.append(f"syncs {sum(c['syncs'] for c in r.breakdown.values()):.0f}{idle}")
+        print(f"{'total':<28}" + "".join(f"{t:>30}" for t in totals))
+        print_top_operators(profiled, on_device=torch_cuda())
+    if plain and framework in rates:
+        print(f"ratio: framework ({framework}, configs/1-5B.yml's pipe_parallel_size) tokens/s / plain loop "
+              f"tokens/s = {rates[framework] / rates['plain']:.3f}")
+    return summary
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def print_top_operators(profiled: dict[str, Measured], on_device: bool, count: int = 4) -> None:
+    """Each variant's costliest operators in the phases where the framework adds work to the plain loop."""
+    unit = "device" if on_device else "host"
+    print(f"\ncostliest operators per step ({unit} ms, calls), in the phases the plain loop keeps small")
+    for name, r in profiled.items():
+        for phase_name in (LOSS, GRADIENT_REDUCTION, OPTIMIZER, LOSS_READOUT, BOOKKEEPING, DATA):
+            operators = r.breakdown.get(phase_name, {}).get("operators", {})
+            top = sorted(operators.items(), key=lambda item: -item[1][2 if on_device else 1])[:count]
+            if top:
+                listed = ", ".join(f"{op} {values[2 if on_device else 1]:.2f} ({values[0]:.0f})"
+                                   for op, values in top)
+                print(f"  {name:<24} {phase_name.removeprefix('phase: '):<31} {listed}")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default=None,
+                        help="full on a GPU, cpu elsewhere (toy: the test's)")
+    parser.add_argument("--layers", type=int, default=None, help="depth (default: the size's)")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default=None,
+                        help="bf16 on a GPU, fp32 on a CPU")
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="default: the size's (full: 8, or on a GPU the most the memory model fits)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
+                        help=f"default: {' '.join(DEFAULT_VARIANTS)} (plain+masters only in bf16)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument("--profile-steps", type=int, default=2, help="profiled steps (0: no breakdown)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each variant; the fastest counts")
+    parser.add_argument("--json", default=None, help="write the figures here")
+    # Set by the parent for each variant's process.
+    parser.add_argument("--child", choices=[*VARIANTS, "info"], help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parse(argv)
+    if options.child == "info":
+        Path(options.json).write_text(json.dumps(run_facts(options)))
+        return
+    if options.child:
+        result = measure(options.child, lambda: BUILDERS[options.child](options), options)
+        Path(options.json).write_text(json.dumps(asdict(result)))
+        return
+    import torch
+
+    from benchmarks.synthetic_data import write_training_data
+
+    gpu = torch.cuda.is_available()
+    options.size = options.size or ("full" if gpu else "cpu")
+    options.precision = options.precision or ("bf16" if gpu else "fp32")
+    variants = options.variants or [v for v in DEFAULT_VARIANTS
+                                    if v != "plain+masters" or options.precision == "bf16"]
+    with tempfile.TemporaryDirectory(prefix="framework_step_") as folder:
+        work = Path(folder)
+        data, tokenizer = write_training_data(work / "data", SIZES[options.size]["vocab"], documents=200)
+        options.data, options.tokenizer = str(data), str(tokenizer)
+        options.work = str(work)
+        facts = child_run(options, "info", work)
+        options.micro_batch = facts["micro_batch"]
+        best: dict[str, Measured] = {}
+        for _ in range(options.rounds):
+            for variant in variants:
+                measured = Measured(**child_run(options, variant, work))
+                if variant not in best or measured.step_seconds < best[variant].step_seconds:
+                    best[variant] = measured
+    flops, peak = tuple(facts["flops"]), tuple(facts["peak"])
+    print(f"{'GPU' if gpu else 'CPU'}, {options.size} size{'' if options.layers is None else f', {options.layers} layers'}, "
+          f"{options.precision}, {facts['why']}; {options.warmup} warm-up + {options.steps} timed steps per variant, "
+          f"fastest of {options.rounds}")
+    framework = "framework-pp1" if "framework-pp1" in best else "framework-pp0"
+    summary = print_tables(best, flops, peak, framework)
+    if options.json:
+        Path(options.json).write_text(json.dumps({"size": options.size, "layers": options.layers,
+                                                  "micro_batch": options.micro_batch, "precision": options.precision,
+                                                  "peak": peak[1], "variants": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
