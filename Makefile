@@ -56,6 +56,7 @@ bench: $(STAMP) requirements/requirements-bench.txt
 	$(PY) -m benchmarks.pattention
 	$(PY) -m benchmarks.memory_model
 	$(PY) -m benchmarks.train_throughput
+	$(PY) -m benchmarks.framework_step
 	$(PY) -m benchmarks.data_preprocess_throughput
 	$(PY) -m benchmarks.sample_fetch
 	$(PY) -m benchmarks.tp_comm

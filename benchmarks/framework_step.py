@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from megatron.model.args import PATTENTION_IMPLS
 from megatron.training.phases import BOOKKEEPING, DATA, GRADIENT_REDUCTION, LOSS, LOSS_READOUT, OPTIMIZER
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,21 +78,23 @@ class Measured:
 
 # --- the run's config and model, shared by every variant --------------------------------------------------------
 
-def run_overrides(size: str, layers: int | None, micro_batch: int, precision: str, data: Path, tokenizer: Path,
-                  log_dir: Path, iterations: int, pipe_parallel_size: int = 1, recompute: bool = False) -> list[str]:
+def run_overrides(options, pipe_parallel_size: int = 1, recompute: bool = False) -> list[str]:
     """key=value overrides of configs/1-5B.yml for one process: the size, precision, the made-up data, one step =
     one micro-batch, activation checkpointing only with `recompute`, no evaluation or saving."""
-    overrides = list(SIZES[size]["overrides"])
-    if layers is not None:
-        overrides.append(f"num_layers={layers}")
-    overrides += ["fp16={enabled: false}", f"bf16={{enabled: {'true' if precision == 'bf16' else 'false'}}}",
-                  "num_gpus=1", f"train_micro_batch_size_per_gpu={micro_batch}", f"train_batch_size={micro_batch}",
-                  "gradient_accumulation_steps=1",
-                  f"checkpoint_activations={'true' if recompute else 'false'}", f"pipe_parallel_size={pipe_parallel_size}",
-                  f"data_path={data}", f"vocab_file={tokenizer}", "tokenizer_type=HFTokenizer", "split=990,10,0",
-                  f"train_iters={iterations}", f"lr_decay_iters={iterations}", "eval_interval=100000", "eval_iters=1",
-                  "extra_save_iters=null", "keep_last_n_checkpoints=null", f"log_dir={log_dir}"]
-    return overrides
+    overrides = list(SIZES[options.size]["overrides"])
+    for key, value in (("num_layers", options.layers), ("pattention_impl", options.pattention_impl)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    micro_batch, iterations = options.micro_batch, options.warmup + options.steps + options.profile_steps
+    flag = lambda on: "true" if on else "false"  # noqa: E731
+    return overrides + [
+        "fp16={enabled: false}", f"bf16={{enabled: {flag(options.precision == 'bf16')}}}", "num_gpus=1",
+        f"train_micro_batch_size_per_gpu={micro_batch}", f"train_batch_size={micro_batch}",
+        "gradient_accumulation_steps=1", f"checkpoint_activations={flag(recompute)}",
+        f"pipe_parallel_size={pipe_parallel_size}", f"data_path={options.data}", f"vocab_file={options.tokenizer}",
+        "tokenizer_type=HFTokenizer", "split=990,10,0", f"train_iters={iterations}", f"lr_decay_iters={iterations}",
+        "eval_interval=100000", "eval_iters=1", "extra_save_iters=null", "keep_last_n_checkpoints=null",
+        f"log_dir={Path(options.work) / 'logs'}"]
 
 
 def device_and_dtype(precision: str):
@@ -239,10 +242,7 @@ def gpt_neox_model(args):
 def run_config(options, pipe_parallel_size: int = 1, recompute: bool = False):
     from megatron.config import load_config
 
-    overrides = run_overrides(options.size, options.layers, options.micro_batch, options.precision,
-                              Path(options.data), Path(options.tokenizer), Path(options.work) / "logs",
-                              options.warmup + options.steps + options.profile_steps, pipe_parallel_size, recompute)
-    return load_config([CONFIG], overrides, world_size=1)
+    return load_config([CONFIG], run_overrides(options, pipe_parallel_size, recompute), world_size=1)
 
 
 def build_plain(options, masters: bool = False, neox: bool = False):
@@ -300,8 +300,8 @@ def child_run(options, variant: str, work: Path) -> dict:
     out = work / f"{variant}.json"
     command = [sys.executable, "-m", "benchmarks.framework_step", "--child", variant, "--json", str(out),
                "--work", str(work / variant), "--port", str(free_port())]
-    for name in ("size", "layers", "micro_batch", "precision", "warmup", "steps", "profile_steps", "data",
-                 "tokenizer"):
+    for name in ("size", "layers", "pattention_impl", "micro_batch", "precision", "warmup", "steps", "profile_steps",
+                 "data", "tokenizer"):
         if getattr(options, name) is not None:
             command += [f"--{name.replace('_', '-')}", str(getattr(options, name))]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
@@ -442,6 +442,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None, help="depth (default: the size's)")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default=None,
                         help="bf16 on a GPU, fp32 on a CPU")
+    parser.add_argument("--pattention-impl", choices=("auto", *PATTENTION_IMPLS), default=None,
+                        help="default: the config's (auto)")
     parser.add_argument("--micro-batch", type=int, default=None,
                         help="default: the size's (full: 8, or on a GPU the most the memory model fits)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,

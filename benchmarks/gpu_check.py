@@ -9,8 +9,13 @@ stopping the rest, each in the report:
     kit          the kit's wheels installed into a temporary site folder, first on the path of this process and
                  of every command below (benchmarks/gpu_kit.py)
     environment  device, memory, driver, Python, torch, CUDA, Triton and DeepSpeed versions, and the two
-                 ceilings measured: a bf16 8192³ GEMM's TFLOP/s and a device-to-device copy's GB/s
-    gpu-tests    pytest -m gpu: compiled Triton flash against plain, the model on CUDA against the CPU
+                 ceilings measured: a bf16 8192³ GEMM's TFLOP/s and a device-to-device copy's GB/s (in a process
+                 of its own, so that no later step shares the card with its buffers)
+    framework    benchmarks.framework_step at configs/1-5B.yml's own depth, fused, bf16, micro-batch 8 where the
+                 memory model fits it on the card: the plain PyTorch loop, the Trainer exactly as deepy.py builds
+                 it (DeepSpeed, ZeRO-1, pipe_parallel_size 1, no recompute: the MFU users get, which the MFU target
+                 reads) and the same with the config's checkpoint_activations (MFU and HFU), with the breakdown
+                 of each step by phase; the ratio target reads deepy.py's step over the plain loop
     kernels      benchmarks.gpu_pattention --no-steps --profile --rows-sweep: fused and flash forward+backward
                  against the six GEMMs at the paper configs' shapes, 16k tokens, with flash's peak memory over
                  fused's, flash at 1-5B shapes with 512 to 4096 input rows a block, and the profiler's kernel
@@ -21,13 +26,12 @@ stopping the rest, each in the report:
                  and peak memory come from the runs' metrics.jsonl (medians after 5 warm-up iterations); then
                  fused with `deterministic: true` for 30, stopped after 20 (saved), resumed to 30: the stopped
                  run's 20 losses must equal the first run's bitwise (the run is deterministic) and the resumed
-                 run's 10 its last 10 (resume is exact)
-    training-full  the same with configs/1-5B.yml's own depth (40 layers), fused, 20 iterations: the MFU users
-                 get, which the MFU target reads
+                 run's 10 its last 10 (resume is exact); flash's tokens/s over fused's is a target
+    gpu-tests    pytest -m gpu: compiled Triton flash against plain, the model on CUDA against the CPU
     max-batch    benchmarks.max_micro_batch: the largest micro-batch of the full 1-5B config at sequence 2048,
                  fused and flash, against the memory model's prediction
     report       gpu_check.json and gpu_check.md under --out (default $OUT, else ./gpu_check_out), the targets of
-                 issue 26 met or missed, and a short table printed last
+                 issues 39 and 40 met or missed, and a short table printed last
 
 Without CUDA it says so on one line and exits 2. --cpu-plumbing runs the same steps on a CPU at toy sizes
 (tests/test_gpu_check.py): the kit install, the data, the deepy.py launches, the log parsing, the resume check
@@ -58,10 +62,13 @@ REPO = Path(__file__).resolve().parents[1]
 REDUCED_DEPTH = 4  # layers of the training step's runs (full width and vocabulary)
 UNAVAILABLE_EXIT = 2
 WARMUP_ITERATIONS = 5
+FRAMEWORK_VARIANTS = ("plain", "framework-pp1", "framework-pp1+recompute")
 KIT_PYTHON = (3, 12)  # the GPU machine's, for which benchmarks/gpu_kit.py fetches the compiled wheels
-TARGETS = {  # issue 26's targets, checked in the report
-    "flash / six GEMMs at 1-5B shapes": ("<=", 1.5),
-    "training MFU (fused, full 1-5B)": (">=", 0.40),
+TARGETS = {  # issues 39 and 40's targets, checked in the report
+    "framework / plain loop tokens/s": (">=", 0.95),
+    "training MFU (fused, full 1-5B)": (">=", 0.45),
+    "flash / six GEMMs at 1-5B shapes": ("<=", 1.6),
+    "flash / fused training tokens/s (4 layers)": (">=", 0.85),
     "flash / fused peak memory at n >= 4d": ("<=", 0.35),
     "largest micro-batch flash / fused": (">=", 1.5),
     "script wall time (s)": ("<=", 480.0),
@@ -129,7 +136,8 @@ def _fastest_seconds(fn: Callable[[], None], synchronize: Callable[[], None], re
     return best
 
 
-def step_environment(check: Check, result: StepResult) -> None:
+def environment_details(cpu: bool) -> dict:
+    """Versions, the device, and the bf16 GEMM and copy ceilings measured on it."""
     import torch
 
     details = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
@@ -138,7 +146,7 @@ def step_environment(check: Check, result: StepResult) -> None:
             details[module] = __import__(module).__version__
         except ImportError as error:
             details[module] = f"not importable ({error})"
-    if check.cpu:
+    if cpu:
         device, dtype, size, copy_bytes = torch.device("cpu"), torch.float32, 1024, 2**26
         details.update(device="cpu", memory_gib=None, driver=None)
         synchronize = lambda: None  # noqa: E731
@@ -159,8 +167,19 @@ def step_environment(check: Check, result: StepResult) -> None:
     details["gemm_tflops"] = 2 * size**3 / gemm / 1e12
     details["gemm"] = f"{str(dtype).removeprefix('torch.')} {size}³"
     details["copy_gb_per_s"] = 2 * copy_bytes / copy / 1e9  # bytes read + written
-    del a, b, source, target
-    result.details = details
+    return details
+
+
+def step_environment(check: Check, result: StepResult) -> None:
+    """environment_details in a process of its own: its GEMM and copy buffers, and its CUDA context, are gone
+    before any later step runs, so each of those has the whole card."""
+    out = check.work / "environment.json"
+    done = check.run([sys.executable, "-m", "benchmarks.gpu_check", "--environment-json", str(out),
+                      *(["--cpu-plumbing"] if check.cpu else [])], timeout=120)
+    if done.returncode != 0:
+        result.status, result.summary = "failed", tail(done.stderr, 5)
+        return
+    details = result.details = json.loads(out.read_text())
     memory = "" if details["memory_gib"] is None else f", {details['memory_gib']:.0f} GiB"
     result.summary = (f"{details['device']}{memory}; torch {details['torch']}, Triton {details['triton']}, "
                       f"DeepSpeed {details['deepspeed']}; {details['gemm']} GEMM {details['gemm_tflops']:.1f} "
@@ -220,8 +239,8 @@ def step_kernels(check: Check, result: StepResult) -> None:
                       f"<= {data['peak_flash_over_fused_n_ge_4d']:.2f}")
 
 
-def training_overlay(check: Check, data: Path, tokenizer: Path, iterations: int, full_depth: bool = False) -> Path:
-    """The YAML laid over configs/1-5B.yml: reduced depth unless `full_depth` (on a CPU, a toy model), one
+def training_overlay(check: Check, data: Path, tokenizer: Path, iterations: int) -> Path:
+    """The YAML laid over configs/1-5B.yml: reduced depth (on a CPU, a toy model), one
     process, bf16 on the GPU (fp32 on a CPU), the check's data, no periodic saves or long evaluations."""
     if check.cpu:
         model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "qkv_slot_num": 64,
@@ -229,13 +248,13 @@ def training_overlay(check: Check, data: Path, tokenizer: Path, iterations: int,
                  "fp16": {"enabled": False}, "train_micro_batch_size_per_gpu": 2, "train_batch_size": 2}
     else:
         model = {"fp16": {"enabled": False}, "bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 8,
-                 "train_batch_size": 8, **({} if full_depth else {"num_layers": REDUCED_DEPTH})}
+                 "train_batch_size": 8, "num_layers": REDUCED_DEPTH}
     overlay = {**model, "num_gpus": 1, "gradient_accumulation_steps": 1, "checkpoint_activations": False,
                "train_iters": iterations, "lr_decay_iters": iterations, "warmup": 0.1,
                "data_path": str(data), "vocab_file": str(tokenizer), "tokenizer_type": "HFTokenizer",
                "split": "990,10,0", "eval_interval": 100000, "eval_iters": 1, "log_interval": 1,
                "checkpoint_factor": 100000, "extra_save_iters": None, "keep_last_n_checkpoints": None}
-    path = check.work / f"overlay{'_cpu' if check.cpu else ''}{'_full' if full_depth else ''}.yml"
+    path = check.work / f"overlay{'_cpu' if check.cpu else ''}.yml"
     path.write_text(json.dumps(overlay))  # JSON is YAML
     return path
 
@@ -308,24 +327,27 @@ def step_training(check: Check, result: StepResult) -> None:
         result.status = "failed"
 
 
-def step_training_full(check: Check, result: StepResult) -> None:
-    """configs/1-5B.yml at its own depth, fused, micro-batch 8, as users train it: the MFU the target reads."""
-    iterations = 4 if check.cpu else 20
-    data, tokenizer = write_training_data(check.work / "data")
-    overlay = training_overlay(check, data, tokenizer, iterations, full_depth=True)
-    log_dir = check.work / "logs" / "full_depth"
-    done = check.run(deepy_command(overlay, ["pattention_impl=fused"], log_dir), timeout=240 if not check.cpu else 300)
-    if done.returncode != 0:
-        result.status = "failed"
-        result.summary = f"deepy.py exited {done.returncode}"
-        result.details = {"output": tail(done.stdout + "\n" + done.stderr, 40)}
+def step_framework(check: Check, result: StepResult) -> None:
+    """benchmarks.framework_step at configs/1-5B.yml's own depth (toy size with --cpu-plumbing), fused: the plain
+    loop, the Trainer as deepy.py builds it, and the same with the config's activation checkpointing, each in a
+    process of its own, at micro-batch 8 where the memory model fits it on the card (else the largest it fits)."""
+    ran = run_benchmark(check, result, "benchmarks.framework_step",
+                        ["--size", "toy" if check.cpu else "full", "--pattention-impl", "fused",
+                         "--variants", *FRAMEWORK_VARIANTS, "--warmup", "2", "--steps", "5", "--profile-steps", "1"],
+                        300 if check.cpu else 240)
+    if ran is None:
         return
-    run = run_summary(read_train_records(log_dir))
-    result.details = {"run": {**run, "losses": {str(i): x for i, x in run["losses"].items()}}}
-    mfu = "no MFU" if run["mfu"] is None else f"MFU {run['mfu']:.1%}"
-    result.summary = (f"fused, {'toy model' if check.cpu else 'configs/1-5B.yml depth'}: "
-                      f"{run['tokens_per_sec']:,.0f} tok/s {run['tflops_per_device']:.3g} TFLOP/s {mfu} "
-                      f"{run['peak_memory_gib']:.1f} GiB")
+    data, output = ran
+    data["table"] = tail(output, 60)
+    variants = data["variants"]
+    plain, framework, recompute = (variants[name] for name in FRAMEWORK_VARIANTS)
+    data["framework_over_plain"] = framework["tokens_per_sec"] / plain["tokens_per_sec"]
+    result.details = data
+    retries = "" if framework["allocator_retries"] is None else f", {framework['allocator_retries']} allocator retries"
+    result.summary = (f"micro-batch {data['micro_batch']}: deepy.py's step {framework['tokens_per_sec']:,.0f} tok/s "
+                      f"MFU {framework['mfu']:.1%}{retries} = {data['framework_over_plain']:.3f} x the plain loop's "
+                      f"{plain['tokens_per_sec']:,.0f}; with checkpoint_activations MFU {recompute['mfu']:.1%} HFU "
+                      f"{recompute['hfu']:.1%}")
 
 
 def step_max_batch(check: Check, result: StepResult) -> None:
@@ -340,9 +362,10 @@ def step_max_batch(check: Check, result: StepResult) -> None:
                       f"{flash['largest']} (predicted {flash['predicted']['reserve 0']}): ratio {data['ratio']:.2f}")
 
 
+# In order of what the open issues need measured first, so a run cut short still brings those back.
 STEPS: dict[str, Callable[[Check, StepResult], None]] = {
-    "kit": step_kit, "environment": step_environment, "gpu-tests": step_gpu_tests, "kernels": step_kernels,
-    "training": step_training, "training-full": step_training_full, "max-batch": step_max_batch,
+    "kit": step_kit, "environment": step_environment, "framework": step_framework, "kernels": step_kernels,
+    "training": step_training, "gpu-tests": step_gpu_tests, "max-batch": step_max_batch,
 }
 
 
@@ -350,10 +373,14 @@ STEPS: dict[str, Callable[[Check, StepResult], None]] = {
 
 def target_figures(results: dict[str, StepResult], wall: float) -> dict[str, float | None]:
     details = lambda name: results[name].details if name in results else {}  # noqa: E731
-    kernels, max_batch = details("kernels"), details("max-batch")
-    full_depth = details("training-full").get("run", {})
-    return {"flash / six GEMMs at 1-5B shapes": kernels.get("flash_over_gemms_1_5B"),
-            "training MFU (fused, full 1-5B)": full_depth.get("mfu"),
+    kernels, max_batch, framework = details("kernels"), details("max-batch"), details("framework")
+    runs = details("training").get("runs", {})
+    flash_over_fused = (runs["flash"]["tokens_per_sec"] / runs["fused"]["tokens_per_sec"]
+                        if {"flash", "fused"} <= set(runs) else None)
+    return {"framework / plain loop tokens/s": framework.get("framework_over_plain"),
+            "training MFU (fused, full 1-5B)": framework.get("variants", {}).get("framework-pp1", {}).get("mfu"),
+            "flash / six GEMMs at 1-5B shapes": kernels.get("flash_over_gemms_1_5B"),
+            "flash / fused training tokens/s (4 layers)": flash_over_fused,
             "flash / fused peak memory at n >= 4d": kernels.get("peak_flash_over_fused_n_ge_4d"),
             "largest micro-batch flash / fused": max_batch.get("ratio"),
             "script wall time (s)": wall}
@@ -409,7 +436,11 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=list(STEPS), help="steps left out")
     parser.add_argument("--cpu-plumbing", action="store_true",
                         help="run the steps at toy sizes on a CPU (tests/test_gpu_check.py)")
+    parser.add_argument("--environment-json", help=argparse.SUPPRESS)  # the environment step's own process
     options = parser.parse_args()
+    if options.environment_json:
+        Path(options.environment_json).write_text(json.dumps(environment_details(options.cpu_plumbing)))
+        return
     if not options.cpu_plumbing:
         import torch
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks.gpu_check import STEPS, TARGETS, largest_config_rows, pytest_counts
+from benchmarks.gpu_check import FRAMEWORK_VARIANTS, STEPS, TARGETS, largest_config_rows, pytest_counts
 from benchmarks.max_micro_batch import largest_that_fits
 from tests.conftest import REPO
 
@@ -77,9 +77,14 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
         assert run["tokens_per_sec"] > 0 and run["tflops_per_device"] > 0 and run["peak_memory_gib"] > 0.1
         assert run["mfu"] is None  # a CPU has no peak in the table
     assert training["details"]["fused_vs_flash_max_relative_loss_gap"] < 1e-4
-    full = steps["training-full"]
-    assert full["status"] == "ok", full
-    assert full["details"]["run"]["iterations"] == 4 and full["details"]["run"]["tokens_per_sec"] > 0
+    framework = steps["framework"]
+    assert framework["status"] == "ok", framework
+    figures = framework["details"]
+    assert figures["size"] == "toy" and list(figures["variants"]) == list(FRAMEWORK_VARIANTS)
+    assert figures["framework_over_plain"] > 0
+    assert report["targets"]["framework / plain loop tokens/s"]["figure"] == figures["framework_over_plain"]
+    assert report["targets"]["flash / fused training tokens/s (4 layers)"]["figure"] == (
+        runs["flash"]["tokens_per_sec"] / runs["fused"]["tokens_per_sec"])
     assert set(report["targets"]) == set(TARGETS)
     assert report["targets"]["script wall time (s)"]["verdict"] == "met"
     markdown = (out / "gpu_check.md").read_text()
