@@ -494,9 +494,9 @@ def main(argv: list[str] | None = None) -> None:
                 if variant not in best or measured.step_seconds < best[variant].step_seconds:
                     best[variant] = measured
     flops, peak = tuple(facts["flops"]), tuple(facts["peak"])
-    print(f"{'GPU' if gpu else 'CPU'}, {options.size} size{'' if options.layers is None else f', {options.layers} layers'}, "
-          f"{options.precision}, {facts['why']}; {options.warmup} warm-up + {options.steps} timed steps per variant, "
-          f"fastest of {options.rounds}")
+    depth = "" if options.layers is None else f", {options.layers} layers"
+    print(f"{'GPU' if gpu else 'CPU'}, {options.size} size{depth}, {options.precision}, {facts['why']}; "
+          f"{options.warmup} warm-up + {options.steps} timed steps per variant, fastest of {options.rounds}")
     framework = "framework-pp1" if "framework-pp1" in best else "framework-pp0"
     summary = print_tables(best, flops, peak, framework)
     if options.json:
