@@ -46,13 +46,13 @@ def share_cores() -> int:
 def _prepare_process(settings: RuntimeSettings) -> None:
     """What a rank sets before its script's work: Triton's interpreter where the kernels run on a CPU, its share
     of the cores, the watch on deepy.py, the extension cache (as deepy.py does, for ranks started without it:
-    srun, mpirun by hand) and this process's claim on it, before anything compiles (host/build_locks.py)."""
+    srun, mpirun by hand)."""
     if settings.flash_backend == "triton" and get_accelerator().device_name() == "cpu":
         # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     share_cores()
     watch_launcher()
-    hold_build_claim(use_environment_cache())
+    hold_build_claim(use_environment_cache())  # before anything compiles into it (host/build_locks.py)
 
 
 def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
