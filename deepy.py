@@ -30,7 +30,8 @@ from megatron.config.argument import encode_config
 from megatron.config.run_inputs import INFERENCE_SCRIPTS
 from megatron.config.validate import raise_if_any
 from megatron.formats.deepspeed.changed_settings import resume_warnings
-from megatron.host.extension_cache import compile_note, remove_stale_build_locks, use_environment_cache
+from megatron.host.build_locks import remove_stale_build_locks
+from megatron.host.extension_cache import compile_note, use_environment_cache
 from megatron.host.shm_buffers import remove_port_buffers
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size
 from megatron.launch.preflight import launches_here, preflight_problems
@@ -55,7 +56,7 @@ def split_arguments(args: list[str]) -> tuple[str, list[str], list[str]]:
 
 def main(argv: list[str]) -> int:
     cache = use_environment_cache()
-    remove_stale_build_locks(cache)  # before anything may compile (extension_cache.py)
+    remove_stale_build_locks(cache)  # before anything may compile (build_locks.py)
     try:
         script, files, overrides = split_arguments(argv)
         from deepspeed.accelerator import get_accelerator

@@ -4,19 +4,34 @@ deleted, and the newest intact ones are kept (issue 30, item 11)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+
+import torch
 
 from megatron.checkpoint import selection
 from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.pruning import delete_old_checkpoints
 
+MODEL_FILE = "mp_rank_00_model_states.pt"
+WEIGHTS = bytes(range(7, 7 + 64))  # a tensor's bytes, found again in the file to corrupt them
+
 
 def checkpoint(save: Path, step: int) -> Path:
+    """A committed checkpoint: a real torch file (the resume screens its pickle) and its manifest."""
     directory = save / f"global_step{step}"
     directory.mkdir(parents=True)
-    (directory / "mp_rank_00_model_states.pt").write_bytes(os.urandom(256))
+    torch.save({"module": {"weight": torch.frombuffer(bytearray(WEIGHTS), dtype=torch.uint8)}}, directory / MODEL_FILE)
     write_manifest(directory, [r for name in checkpoint_files(directory) for r in record_file(directory, name)])
     return directory
+
+
+def corrupt_weights(directory: Path) -> None:
+    """One byte of the stored tensor changed: same size, a readable torch file; only its SHA-256 tells."""
+    content = bytearray((directory / MODEL_FILE).read_bytes())
+    at = content.index(WEIGHTS)
+    content[at] ^= 0xFF
+    (directory / MODEL_FILE).write_bytes(content)
 
 
 def names(save: Path) -> list[str]:
@@ -26,7 +41,7 @@ def names(save: Path) -> list[str]:
 def test_a_truncated_checkpoint_is_set_aside_and_the_older_intact_one_kept(tmp_path, capsys):
     for step in (10, 20, 30):
         checkpoint(tmp_path, step)
-    os.truncate(tmp_path / "global_step20" / "mp_rank_00_model_states.pt", 100)
+    os.truncate(tmp_path / "global_step20" / MODEL_FILE, 100)
     delete_old_checkpoints(tmp_path, keep=2, newest=30)
     assert names(tmp_path) == ["global_step10", "global_step20.damaged", "global_step30"]
     warning = capsys.readouterr().err
@@ -40,10 +55,9 @@ def test_a_truncated_checkpoint_is_set_aside_and_the_older_intact_one_kept(tmp_p
 def test_one_refused_at_resume_is_not_counted_either(tmp_path, capsys):
     for step in (10, 20):
         checkpoint(tmp_path, step)
-    # Same size, other bytes: only hashing finds it, as the resume's verification does
-    (tmp_path / "global_step20" / "mp_rank_00_model_states.pt").write_bytes(os.urandom(256))
-    tag, _ = selection.newest_usable_tag(str(tmp_path), lambda d: ["corrupted"] if d.name == "global_step20" else [])
-    assert tag == "global_step10"
+    corrupt_weights(tmp_path / "global_step20")
+    assert selection.resume_tag(str(tmp_path)) == "global_step10"  # the resume's own verification found it
+    assert "global_step20: mp_rank_00_model_states.pt does not match its SHA-256" in capsys.readouterr().err
     checkpoint(tmp_path, 30)  # the resumed run's next save
     delete_old_checkpoints(tmp_path, keep=2, newest=30)
     assert names(tmp_path) == ["global_step10", "global_step20.damaged", "global_step30"]
@@ -55,3 +69,20 @@ def test_intact_checkpoints_beyond_the_count_are_deleted_and_later_ones_left(tmp
         checkpoint(tmp_path, step)
     delete_old_checkpoints(tmp_path, keep=2, newest=30)
     assert names(tmp_path) == ["global_step20", "global_step30", "global_step40"]
+
+
+def test_a_checkpoint_damaged_again_under_a_name_set_aside_before_gets_a_name_of_its_own(tmp_path, capsys):
+    """Issue 42, item 4: a run resumed from before a damaged checkpoint writes that iteration again; damaged again,
+    it was renamed onto the first one's `.damaged` name, which raised after the new checkpoint's commit."""
+    for step in (10, 20, 30):
+        checkpoint(tmp_path, step)
+    os.truncate(tmp_path / "global_step20" / MODEL_FILE, 100)
+    delete_old_checkpoints(tmp_path, keep=2, newest=30)
+    shutil.rmtree(tmp_path / "global_step30")  # a run resumed from 10 saves iterations 20 and 30 again
+    for step in (20, 30):
+        checkpoint(tmp_path, step)
+    os.truncate(tmp_path / "global_step20" / MODEL_FILE, 50)
+    delete_old_checkpoints(tmp_path, keep=2, newest=30)
+    assert names(tmp_path) == ["global_step10", "global_step20.damaged", "global_step20.damaged-2", "global_step30"]
+    assert (tmp_path / "global_step20.damaged" / MODEL_FILE).stat().st_size == 100  # the first one untouched
+    assert "renamed to global_step20.damaged-2, kept" in capsys.readouterr().err

@@ -40,11 +40,20 @@ def saved(tmp_path_factory):
     return paths, state, cfg
 
 
+def test_weights_under_names_of_no_format_are_recognised_by_none(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"transformer.wte.weight": torch.zeros(4, 4)}, tmp_path / "model.safetensors")
+    assert not [fmt.NAME for fmt in registry.FORMATS if fmt.recognises(tmp_path)]
+    with pytest.raises(KeyError, match="has no word_embeddings.weight: it is not a TokenFormer state dict"):
+        registry.read_state(tmp_path)
+
+
 @pytest.mark.parametrize("name", ["consolidated", "official", "huggingface", "checkpoint"])
 def test_each_format_is_read_back_into_the_canonical_state_by_its_own_reader(saved, name):
     paths, state, cfg = saved
     fmt = next(module for module in paths if module.NAME == name)
-    assert [other.NAME for other in registry.FORMATS if other.recognises(paths[fmt])][0] == name
+    assert [other.NAME for other in registry.FORMATS if other.recognises(paths[fmt])] == [name]
     if name == "huggingface":
         with pytest.raises(ValueError, match="holds no run config: pass config="):
             registry.read_state(paths[fmt])

@@ -1,7 +1,8 @@
 """benchmarks/gpu_check.py, the one command for a borrowed GPU machine, run on this CPU so that its plumbing is known
 to work before GPU time is spent on it: without CUDA it refuses in one line (exit 2); with --cpu-plumbing every step
 runs at toy sizes, the GPU-only ones say "unavailable", the four deepy.py launches train, stop, resume bitwise, and
-the JSON and markdown reports are written with the step list and the targets."""
+the JSON and markdown reports are written with the step list and the targets; and the GPU tier's flash training
+check (tests/test_gpu.py) is built here to see that it compares several flash blocks."""
 
 import json
 import subprocess
@@ -90,3 +91,16 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
     markdown = (out / "gpu_check.md").read_text()
     assert "| training | ok |" in markdown and "| target | rule | figure | verdict |" in markdown
     assert result.stdout.splitlines()[-1].startswith("target: script wall time (s) <= 480:")
+
+
+def test_the_gpu_tiers_flash_training_check_cuts_several_blocks_with_a_ragged_last_one():
+    """tests/test_gpu.py's flash-vs-fused training runs only on CUDA: its batches are checked here, on the CPU, to
+    span several of flash's CUDA row blocks, the last one ragged (one block would compare no multi-block sum)."""
+    from megatron.model.pattention.flash import row_blocks
+    from tests.test_gpu import training_setup
+
+    model, _, batches = training_setup("flash", "cpu")
+    assert model.layers[0].mlp.impl == "flash" and batches.dtype == torch.int64
+    blocks = row_blocks(batches[0, :, :-1].numel(), torch.device("cuda"))
+    full = blocks[0].stop - blocks[0].start
+    assert len(blocks) >= 3 and 0 < blocks[-1].stop - blocks[-1].start < full

@@ -196,6 +196,63 @@ def test_left_padded_rows_of_a_learned_position_model_compute_as_alone(tmp_path)
         assert relative_difference(padded_logits[1], alone_logits[0]) <= TOLERANCE
 
 
+class HostReads(torch.Tensor):
+    """A tensor (and every tensor computed from it) that counts the reads of its values by the host: on a GPU
+    each is a device synchronisation."""
+
+    reads = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist):
+            HostReads.reads += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_the_mask_is_read_by_the_host_once_per_forward_not_once_per_layer(tmp_path):
+    """Issue 42, item 5: `bool(attention_mask.all())` ran in every layer for every generated token."""
+    _, export = random_export(tmp_path, VARIANTS["l2_norm_gelu-rotary-tied"])
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    hf = load_hf(tmp_path / "hf")
+    assert hf.config.num_hidden_layers == 2
+    tokens = torch.randint(0, 257, (2, 9), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(tokens)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        HostReads.reads = 0
+        prompt = hf(tokens, attention_mask=mask.as_subclass(HostReads), use_cache=True)
+        assert HostReads.reads <= 1
+        HostReads.reads = 0
+        step_mask = torch.cat((mask, torch.ones(2, 1, dtype=mask.dtype)), dim=1)
+        hf(tokens[:, -1:], attention_mask=step_mask.as_subclass(HostReads), past_key_values=prompt.past_key_values)
+        assert HostReads.reads <= 1
+
+
+def test_a_4d_mask_needs_position_ids_and_computes_as_the_2d_mask_with_them(tmp_path):
+    """Issue 42, item 5: a 4-D mask kept arange positions, so a left-padded row of a learned-position model had
+    other logits than alone. Positions cannot be read from a 4-D mask (it says which keys each query sees): it
+    is refused without position_ids, and with them computes what the 2-D mask does."""
+    model, export = random_export(tmp_path, VARIANTS["gelu_l2_norm-learned-untied-affine-norms-tau"])
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    hf = load_hf(tmp_path / "hf")
+    prompts = torch.randint(0, 257, (2, 9), generator=torch.Generator().manual_seed(5))
+    short = prompts[1, 4:]
+    batch = torch.stack((prompts[0], torch.cat((torch.zeros(4, dtype=torch.long), short))))
+    mask = torch.ones_like(batch)
+    mask[1, :4] = 0
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    mask_4d = (causal & mask[:, None, None, :].bool()) | torch.eye(9, dtype=torch.bool)  # padded rows: themselves
+    with torch.no_grad(), pytest.raises(ValueError, match=r"a 4-D attention_mask \[batch, 1, queries, keys\] says "
+                                                         r"which keys each query sees, not where each token is: "
+                                                         r"pass position_ids with it"):
+        hf(batch, attention_mask=mask_4d)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = hf(batch, attention_mask=mask_4d, position_ids=positions).logits
+        assert relative_difference(logits[1, 4:], model(short[None])[0]) <= TOLERANCE
+        assert relative_difference(logits, hf(batch, attention_mask=mask).logits) <= TOLERANCE
+
+
 TOKENIZER_TEXTS = ["The quick brown fox jumps over the lazy dog.", "  two  spaces,\ttabs\nand lines\n\n",
                    "Ünïcödé ✓, Ελληνικά and emoji 🙂", "def add(a, b):\n    return a + b  # 42\n", "3.14159 in 2026"]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from megatron.host.build_locks import CLAIM_PREFIX
 from megatron.launch.supervise import runs_script
 from tests.conftest import REPO, run_deepy
 from tests.distributed import free_port
@@ -58,7 +59,10 @@ def test_a_stop_signal_to_deepy_saves_on_every_rank_and_exits_0(demo_data, tmp_p
     launcher = start_training(demo_data, run)
     wait_for_iteration(launcher, run, 3)
     descendants = psutil.Process(launcher.pid).children(recursive=True)
-    assert len([p for p in descendants if runs_script(p.cmdline(), "train.py")]) == 2
+    ranks = [p for p in descendants if runs_script(p.cmdline(), "train.py")]
+    assert len(ranks) == 2
+    for rank in ranks:  # each holds its claim on the op cache, which keeps its build lock (host/build_locks.py)
+        assert any(Path(f.path).name.startswith(CLAIM_PREFIX) for f in rank.open_files()), rank.open_files()
 
     second = run_deepy("train.py", TINY, *data_overrides(demo_data), f"save={run / 'checkpoints'}",
                        f"log_dir={tmp_path / 'second'}", f"master_port={free_port()}", check=False, timeout=120)
@@ -161,6 +165,30 @@ def test_two_runs_started_together_on_one_port_never_mix(demo_data, tmp_path):
             or f"reached the rendezvous of another run at 127.0.0.1:{port}" in stderr), stderr
     winner = "ab"[codes.index(0)]
     assert (tmp_path / winner / "latest").read_text().strip() == "global_step4"
+
+
+def test_a_rank_that_meets_another_runs_store_stops_on_the_launch_id(demo_data, tmp_path):
+    """Issue 42: in the case above the second run may be stopped by preflight's busy-port check, or by its rank 0
+    finding the port taken, before any rank compares launch ids. Here only the launch id can tell: run B is past
+    its checks while the port is free, its rank 0 starts late ($WAIT_RANK), and its rank 1 meets the store of run
+    A, which took the port meanwhile. B stops, having registered nothing; A trains."""
+    port = free_port()
+    late = subprocess.Popen([sys.executable, "deepy.py", "tests/scripts/rank_check.py", TINY, *data_overrides(demo_data),
+                             f"master_port={port}"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", WAIT_RANK="0"))
+    try:
+        assert any(line.startswith("launching 2 processes") for line in late.stdout), late.communicate()
+        first = run_deepy("train.py", TINY, *data_overrides(demo_data), "train_iters=4", "lr_decay_iters=4",
+                          "eval_iters=0", f"save={tmp_path / 'a'}", f"log_dir={tmp_path / 'a-logs'}",
+                          f"master_port={port}", timeout=300)
+        _, stderr = late.communicate(timeout=120)
+    finally:
+        if late.poll() is None:  # a rank that joined A's store waits there: stop B and its ranks (SIGTERM passed on)
+            late.terminate()
+            late.communicate(timeout=60)
+    assert late.returncode != 0 and f"rank 1 reached the rendezvous of another run at 127.0.0.1:{port}" in stderr
+    assert "is in use on this machine" not in stderr and "was taken by another program" not in stderr, stderr
+    assert "launching" in first.stdout and (tmp_path / "a" / "latest").read_text().strip() == "global_step4"
 
 
 def test_a_run_that_names_no_port_gets_a_free_one(demo_data, tmp_path):

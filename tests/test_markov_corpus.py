@@ -3,6 +3,7 @@ readable by the trainer's tokenizer and dataset."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -16,8 +17,10 @@ from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.tokenizer.hf_tokenizer import HFTokenizer
 from tests.conftest import REPO
 
-sys.path.insert(0, str(REPO / "data_prep"))
-import markov_corpus  # noqa: E402
+# Loaded from its file, as the other data_prep scripts are (tests/test_demo_corpus.py): data_prep is no package.
+_SPEC = importlib.util.spec_from_file_location("markov_corpus", REPO / "data_prep" / "markov_corpus.py")
+markov_corpus = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(markov_corpus)
 
 VOCAB = 8
 

@@ -1,6 +1,7 @@
 """The model's one declaration of its Pattentions (megatron/model/spec.py): the model builds exactly what it
-declares, and growth, the tensor-parallel layout, initialisation, FLOPs and the official and Hugging Face
-formats follow a made-up fifth kind of Pattention added to the declaration with no other edit."""
+declares, and growth, the tensor-parallel layout, initialisation, FLOPs, the official and Hugging Face formats
+and the Hugging Face model (the exported remote code) follow a made-up extra kind of Pattention added to the
+declaration with no other edit."""
 
 from __future__ import annotations
 
@@ -119,9 +120,34 @@ def test_the_hugging_face_and_official_formats_carry_a_declared_pattention(with_
     assert set(back) == set(state) and all(torch.equal(back[name], state[name]) for name in state)
 
 
+def test_a_declared_pattention_survives_loading_the_hugging_face_model(with_gate, tmp_path, monkeypatch):
+    """The exported remote code builds every Pattention config.json declares, where it hard-coded the release's
+    five and dropped the sixth's weights as unexpected when loading (issue 42)."""
+    from transformers import AutoModelForCausalLM
+
+    from megatron.formats.huggingface import write_hf_directory
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = config()
+    built = model(cfg).eval()
+    state = built.state_dict()
+    write_hf_directory(state, cfg, tmp_path / "hf", max_shard_bytes=2**40)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True, local_files_only=True)
+    loaded = hf.state_dict()
+    for i in range(cfg.num_layers):
+        for leaf in ("key_param_tokens", "value_param_tokens"):
+            assert torch.equal(loaded[f"model.layers.{i}.gate.{leaf}"], state[f"layers.{i}.gate.{leaf}"])
+    assert hf.model.layers[1].gate.norm_token_count == cfg.ffn_slot_num
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, built(tokens), rtol=1e-5, atol=1e-5)
+
+
 def test_the_remote_code_default_names_the_declared_pattentions():
     """The transformers configuration copied beside exported weights cannot import the framework; its default for a
-    config.json without pattention_slot_keys must be the spec's (transformers: a dev requirement)."""
-    from megatron.hf.configuration_tokenformer import RELEASE_PATTENTIONS
+    config.json without pattention_slot_keys and pattention_paths must be the spec's (transformers: a dev
+    requirement)."""
+    from megatron.hf.configuration_tokenformer import RELEASE_PATHS, RELEASE_PATTENTIONS
 
     assert RELEASE_PATTENTIONS == {spec.hf_name: spec.slot_key for spec in layer_pattentions()}
+    assert RELEASE_PATHS == {spec.hf_name: spec.path for spec in layer_pattentions()}

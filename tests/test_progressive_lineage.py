@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron.progressive.lineage_check import check_unchanged, prepare_stages
+from megatron.checkpoint.manifest import checkpoint_files, content_digest, record_file, write_manifest
+from megatron.progressive.lineage_check import changed_stage_lines, check_unchanged, prepare_stages
+from megatron.progressive.local import clear_incomplete_growth
 from megatron.progressive.plan import PlanError, read_plan
 from megatron.progressive.stage_config import resolve_plan
 from tests.conftest import REPO
@@ -51,6 +53,8 @@ def test_each_stage_is_pinned_with_its_resolved_config_growth_mode_and_source(fi
     first, second = lineage(finished, "s1"), lineage(finished, "s2")
     assert (first["grown_from"], first["growth_mode"]) == (None, None)
     assert (second["grown_from"], second["growth_mode"]) == ("s1@global_step4", "preserve")
+    assert second["source_sha256"] == content_digest(finished / "s1" / "checkpoints" / "global_step4")
+    assert first["source_sha256"] is None
     assert second["config"]["qkv_slot_num"] == GROWN["qkv_slot_num"] and second["config"]["weight_decay"] == 0.1
     assert second["config"]["train_iters"] == 6 and not {"save", "load", "log_dir"} & second["config"].keys()
 
@@ -156,3 +160,87 @@ def test_a_chain_training_job_checks_the_lineage_before_it_trains(demo_data, tmp
     assert edited.returncode == 2, edited.stdout + edited.stderr
     assert "config.seed: recorded 1234, now 7" in edited.stderr and "ntasks-per-node" not in edited.stderr
     assert not (tmp_path / "work" / "s1" / "checkpoints").exists()
+
+
+# --- a lineage that cannot be skipped (issue 42, item 3): checkpoints written here, nothing trained ---
+
+def committed(checkpoints: Path, step: int, weights: bytes) -> Path:
+    """A committed checkpoint of `weights` (with its manifest) as the newest of `checkpoints`."""
+    tag = checkpoints / f"global_step{step}"
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(weights)
+    write_manifest(tag, [record for name in checkpoint_files(tag) for record in record_file(tag, name)])
+    (checkpoints / "latest").write_text(tag.name)
+    return tag
+
+
+def grown_plan(demo_data: Path, tmp_path: Path):
+    """s1 trained (its final checkpoint, global_step4), s2 grown from it (global_step0), both pinned."""
+    plan = read_plan(write_plan(tmp_path, demo_data, two_stages()))
+    prepare_stages(plan, resolve_plan(plan))  # both pinned before anything runs
+    committed(plan.checkpoints(plan.stages[0]), 4, b"s1 weights")
+    prepare_stages(plan, resolve_plan(plan))  # s2 pinned again before it grows, s1 held to its lineage
+    committed(plan.checkpoints(plan.stages[1]), 0, b"s2 grown")
+    return plan
+
+
+def test_a_started_stage_without_a_lineage_is_refused_until_adopted(demo_data, tmp_path):
+    plan = grown_plan(demo_data, tmp_path)
+    (tmp_path / "work" / "s1" / "lineage.json").unlink()  # started by an older driver, or the file deleted
+    with pytest.raises(PlanError) as refused:
+        prepare_stages(plan, resolve_plan(plan))
+    assert (
+        f"stage 's1' (stages[0]) has started but is not pinned: it has no {tmp_path}/work/s1/lineage.json (started "
+        "by an older driver, or the file deleted), so nothing shows it was started from the plan as it is now. Run "
+        "again with --adopt-unpinned to pin it as the plan gives it now, or with --redo-changed to redo it and the "
+        "stage(s) grown from it (s2)") in str(refused.value)
+    assert not (tmp_path / "work" / "s1" / "lineage.json").exists()
+    assert changed_stage_lines(plan, resolve_plan(plan)) == [
+        f"s1: started but not pinned: it has no {tmp_path}/work/s1/lineage.json (started by an older driver, or the "
+        "file deleted) (a run refuses; --adopt-unpinned pins it as the plan gives it now, --redo-changed redoes it and "
+        "the stages after it)"]
+    with pytest.raises(PlanError, match=r"stage 's1' \(stages\[0\]\) is not pinned: .*/s1/lineage.json is gone"):
+        check_unchanged(plan, resolve_plan(plan), plan.stages)  # a chain's job, after the file went
+    said = prepare_stages(plan, resolve_plan(plan), adopt=True)
+    assert said == [f"s1: pinned as the plan and its config files give it now (--adopt-unpinned); it has no "
+                    f"{tmp_path}/work/s1/lineage.json (started by an older driver, or the file deleted)"]
+    assert lineage(tmp_path / "work", "s1")["config"]["weight_decay"] == 0.1
+    assert prepare_stages(plan, resolve_plan(plan)) == []
+
+
+def test_redo_changed_redoes_a_started_stage_that_is_not_pinned(demo_data, tmp_path):
+    plan = grown_plan(demo_data, tmp_path)
+    (tmp_path / "work" / "s2" / "lineage.json").unlink()
+    said = prepare_stages(plan, resolve_plan(plan), redo=True)
+    assert len(said) == 1 and said[0].startswith(f"s2: redone from scratch; its earlier directory is now "
+                                                 f"{tmp_path}/work/replaced/s2-")
+    assert not (tmp_path / "work" / "s2" / "checkpoints").exists()
+    assert lineage(tmp_path / "work", "s2")["source_sha256"] == content_digest(
+        tmp_path / "work" / "s1" / "checkpoints" / "global_step4")
+
+
+def test_a_predecessor_retrained_under_the_same_tag_refuses_the_stage_grown_from_it(demo_data, tmp_path):
+    plan = grown_plan(demo_data, tmp_path)
+    source = tmp_path / "work" / "s1" / "checkpoints"
+    shutil.rmtree(source)
+    committed(source, 4, b"s1 weights, retrained by hand")  # same tag, other weights
+    with pytest.raises(PlanError) as refused:
+        prepare_stages(plan, resolve_plan(plan))
+    assert "stage 's2' (stages[1]) was started from other settings than the plan and its config files give now" \
+        in str(refused.value)
+    assert "source_sha256: recorded '" in str(refused.value)
+
+
+def test_a_stage_whose_checkpoints_all_fail_is_still_held_to_its_lineage(demo_data, tmp_path):
+    plan = grown_plan(demo_data, tmp_path)
+    for stage in ("s1", "s2"):  # every checkpoint damaged: neither can be resumed, both have started
+        weights = tmp_path / "work" / stage / "checkpoints" / f"global_step{4 if stage == 's1' else 0}"
+        os.truncate(weights / "mp_rank_00_model_states.pt", 3)
+    shared = plan.configs[-1]
+    shared.write_text(yaml.safe_dump({**yaml.safe_load(shared.read_text()), "weight_decay": 0.01}))
+    with pytest.raises(PlanError, match="config.weight_decay: recorded 0.1, now 0.01"):
+        prepare_stages(plan, resolve_plan(plan))
+    assert lineage(tmp_path / "work", "s1")["config"]["weight_decay"] == 0.1  # not pinned anew
+    with pytest.raises(PlanError, match=r"stage 's2' \(stages\[1\]\) has checkpoints in .* but none can be used"):
+        clear_incomplete_growth(plan, plan.stages[1])  # the growth is not redone over them
+    assert (tmp_path / "work" / "s2" / "checkpoints" / "global_step0").is_dir()

@@ -20,8 +20,10 @@ fresh warmup and schedule), scored first, so its metrics begin with the grown mo
 Re-running the same command continues: done stages are skipped, a stage in progress resumes from its latest
 checkpoint, an interrupted growth is redone. work_dir/final points at the last stage's checkpoints at the end.
 Each stage is pinned when it starts (work_dir/NAME/lineage.json: its resolved config, growth mode and source
-checkpoint): a re-run that finds the plan or its config files changed for a started stage refuses, naming the
-key, or with --redo-changed redoes that stage and every stage after it (grown and scored anew).
+checkpoint, by name and content): a re-run that finds the plan, its config files or the source checkpoint changed
+for a started stage refuses, naming the key, or with --redo-changed redoes that stage and every stage after it
+(grown and scored anew); a started stage without that pin is refused too, unless --adopt-unpinned pins it as the
+plan gives it now.
 Paths in the plan are relative to the current directory; run from the repository root for --slurm.
 """
 
@@ -36,7 +38,7 @@ from pathlib import Path
 from megatron.config import ConfigError
 from megatron.progressive.commands import REPO, shown
 from megatron.progressive.dry_run import stage_table, step_commands
-from megatron.progressive.lineage_check import CHECK, REDO_FLAG, changed_stage_lines, prepare_stages
+from megatron.progressive.lineage_check import ADOPT_FLAG, CHECK, REDO_FLAG, changed_stage_lines, prepare_stages
 from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.processes import Interrupted, StepFailed
@@ -59,6 +61,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="redo a started stage whose config, growth mode or source changed since it started "
                         "(the shared config files or the plan edited), and every stage after it, instead of refusing; "
                         "their directories are moved to work_dir/replaced/")
+    parser.add_argument(ADOPT_FLAG, action="store_true",
+                        help="pin a started stage that has no lineage.json (started by an older driver, or the file "
+                        "deleted) or one naming its source by tag only, as the plan and its config files give it now, "
+                        "instead of refusing")
     parser.add_argument("--quiet", action="store_true", help="run locally without echoing each step's output")
     parser.add_argument("--step", choices=(GROW, FINISH, CHECK), help=argparse.SUPPRESS)  # a SLURM chain's jobs
     parser.add_argument("--stage", help=argparse.SUPPRESS)
@@ -80,9 +86,8 @@ def _resolve(args: argparse.Namespace) -> tuple[Plan, list[ResolvedStage]]:
 def submit(plan: Plan, resolved: list[ResolvedStage], args: argparse.Namespace) -> int:
     hold_work_dir(plan)
     refuse_active_jobs(plan)  # before a redo moves a stage a job may be writing
-    redone = prepare_stages(plan, resolved, args.redo_changed)
-    for stage, moved in redone:
-        print(f"{stage.name}: redone from scratch; its earlier directory is now {moved}")
+    for line in prepare_stages(plan, resolved, args.redo_changed, args.adopt_unpinned):
+        print(line)
     steps = pending_steps(plan, resolved)
     if not steps:
         print(f"nothing to do: the plan is complete ({plan.final})")
@@ -118,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.slurm:
             return submit(plan, resolved, args)
-        run_plan(plan, resolved, echo=not args.quiet, redo=args.redo_changed)
+        run_plan(plan, resolved, echo=not args.quiet, redo=args.redo_changed, adopt=args.adopt_unpinned)
         return 0
     except (ConfigError, StepFailed, OSError) as error:
         print(f"progressive_scaling.py: error: {error}", file=sys.stderr)

@@ -142,6 +142,18 @@ def read_manifest(directory: Path) -> list[FileRecord] | None:
         raise ValueError(f"{path} is not a valid manifest ({error!r})") from None
 
 
+def content_digest(directory: Path) -> str:
+    """One SHA-256 for a checkpoint's content: over every file's name, size and SHA-256, from its manifest (else
+    from the files, hashed now). Another checkpoint under the same tag has another digest. Raises ValueError
+    if the manifest is unreadable."""
+    records = read_manifest(directory)
+    if records is None:
+        records = [FileRecord(name, (directory / name).stat().st_size, _sha256(directory / name))
+                   for name in checkpoint_files(directory)]
+    listed = [[record.name, record.size, record.sha256] for record in sorted(records, key=lambda r: r.name)]
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()
+
+
 def file_problems(directory: Path, record: FileRecord, hashed: bool = True) -> list[str]:
     """What is wrong with one file compared to its record ([] if it matches); `hashed` False compares the
     size only (a quick look before launch, not a verification)."""

@@ -1,8 +1,9 @@
 """keep_last_n_checkpoints: which older checkpoints a save deletes, and the damaged ones it sets aside.
 
 Only checkpoints that can be resumed from count as kept. A damaged one (a file missing or of the wrong
-size, or one this run's resume found corrupted) is renamed `global_stepN.damaged`, named in a warning and
-never deleted: it is not counted, so the newest checkpoints that verify are the ones kept.
+size, or one this run's resume found corrupted) is renamed `global_stepN.damaged` (`.damaged-2`, ... where a
+checkpoint of that iteration was set aside before), named in a warning and never deleted: it is not counted,
+so the newest checkpoints that verify are the ones kept.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ def _damage(path: Path) -> str | None:
     return "; ".join(problems) if problems else None
 
 
+def _aside_name(path: Path) -> Path:
+    """A free name to set `path` aside under: a run resumed from before an earlier damaged checkpoint may
+    write, and damage, the same iteration again."""
+    aside = path.with_name(path.name + DAMAGED_SUFFIX)
+    copies = 1
+    while aside.exists():
+        copies += 1
+        aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}-{copies}")
+    return aside
+
+
 def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
     """Rank 0, after `global_step{newest}` was committed: keep the `keep` newest checkpoints up to it that can be
     resumed from, set damaged ones aside, delete the rest. Later ones (left by a run this one resumed from an
@@ -40,7 +52,7 @@ def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
         if why is None:
             usable.append(path)
             continue
-        aside = path.with_name(path.name + DAMAGED_SUFFIX)
+        aside = _aside_name(path)
         path.rename(aside)
         print(f"warning: {path.name} in {save_dir} cannot be resumed from ({why}); renamed to {aside.name}, kept "
               f"and not counted among keep_last_n_checkpoints={keep}", file=sys.stderr, flush=True)

@@ -192,8 +192,10 @@ NAME = "consolidated"
 
 
 def recognises(path: Path) -> bool:
-    """A weights file, or a directory holding one (model.safetensors, pytorch_model.bin, or a shard index)."""
-    return weights_file(path) is not None
+    """A weights file, or a directory holding one (model.safetensors, pytorch_model.bin, or a shard index), under
+    this framework's names (`word_embeddings.weight`: the official release's and a Hugging Face export's differ)."""
+    weights = weights_file(path)
+    return weights is not None and "word_embeddings.weight" in weight_names(weights)
 
 
 def read(path: Path, config: Config | str | Path | None) -> tuple[dict[str, Tensor], Config]:

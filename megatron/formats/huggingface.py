@@ -17,8 +17,9 @@ Names: every entry of this framework's state dict gains the prefix `model.`, exc
 (untied output), which is `lm_head.weight`; a tied output has no entry of its own (transformers ties
 `lm_head.weight` to `model.word_embeddings.weight`). The `norm_token_count` buffers are not weights there: they
 are config.json's `norm_token_counts`, one {query, key, value, proj, mlp} mapping per layer (the spec's `hf_name`s,
-megatron/model/spec.py, whose slot keys config.json's `pattention_slot_keys` gives), so a grown model keeps its
-√n. Converting back adds them again, so framework -> HF -> framework gives back every tensor.
+megatron/model/spec.py, whose slot keys and module paths config.json's `pattention_slot_keys` and
+`pattention_paths` give; the remote code builds each), so a grown model keeps its √n. Converting back adds them
+again, so framework -> HF -> framework gives back every tensor.
 """
 
 from __future__ import annotations
@@ -183,6 +184,7 @@ def hf_config(args: TokenFormerArgs, counts: list[dict[str, int]], tokenizer: Ru
         "num_attention_heads": args.num_attention_heads,
         **{key: getattr(args, key) for key in slot_keys()},
         "pattention_slot_keys": {spec.hf_name: spec.slot_key for spec in layer_pattentions()},
+        "pattention_paths": {spec.hf_name: spec.path for spec in layer_pattentions()},
         "norm_token_counts": counts,
         "max_position_embeddings": args.max_position_embeddings,
         "pos_emb": args.pos_emb,

@@ -7,8 +7,8 @@ A format is a module of megatron/formats/ with
                                the canonical state (whole tensors under TokenFormerModel's names, any dtype)
                                and the config describing it; `config` (a Config or a YAML/JSON file) where the
                                files carry none, checked against theirs where they do
-and its writer, taking the canonical state and a Config. `FORMATS` lists the readers in the order they are
-tried: a sixth format is one new module and one entry here.
+and its writer, taking the canonical state and a Config. `FORMATS` lists the readers; each path is recognised
+by one of them only, so their order decides nothing: a sixth format is one new module and one entry here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from megatron.formats.deepspeed.files import tag_directory
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.mpu import full_shape
 
-# official before consolidated: both are weight files, the official one recognised by its keys
+# Each path is recognised by one format only (the weight files by their names), whatever the order
 FORMATS = (checkpoint, huggingface, official, consolidated)
 
 
@@ -36,7 +36,9 @@ def read_state(path: str | Path, config: Config | str | Path | None = None) -> t
     problem = weights_location_problem(path)
     if problem:
         raise FileNotFoundError(problem)
-    reader = next(format for format in FORMATS if format.recognises(path))
+    reader = next((format for format in FORMATS if format.recognises(path)), None)
+    if reader is None:  # weights under names none of the formats has: another model's
+        raise KeyError(f"{path} has no word_embeddings.weight: it is not a TokenFormer state dict")
     state, cfg = reader.read(path, config)
     return {name: t.float() if t.is_floating_point() else t for name, t in state.items()}, cfg
 

@@ -12,11 +12,15 @@ count, as in an un-grown model.
 
 from transformers import PretrainedConfig
 
-# A layer's Pattentions (their names in norm_token_counts) -> the key of their slot count, as config.json's
-# `pattention_slot_keys` gives them (the exporter writes megatron/model/spec.py's); this default, for a config
-# built without one, is the release's layer, which modeling_tokenformer.py builds.
+# A layer's Pattentions (their names in norm_token_counts) -> the key of their slot count and their module path
+# inside a layer, as config.json's `pattention_slot_keys` and `pattention_paths` give them (the exporter writes
+# megatron/model/spec.py's); these defaults, for a config built without them, are the release's layer.
 RELEASE_PATTENTIONS = {"query": "qkv_slot_num", "key": "qkv_slot_num", "value": "qkv_slot_num",
                        "proj": "proj_slot_num", "mlp": "ffn_slot_num"}
+RELEASE_PATHS = {"query": "attention.query", "key": "attention.key", "value": "attention.value",
+                 "proj": "attention.proj", "mlp": "mlp"}
+# Where modeling_tokenformer.py can build a Pattention: directly in a layer, or in its attention.
+PATTENTION_PARENTS = ("", "attention")
 NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
 POSITION_EMBEDDINGS = ("rotary", "learned", "none")
 LAYER_NORMS = ("layernorm_nonparam", "layernorm")
@@ -35,6 +39,7 @@ class TokenFormerConfig(PretrainedConfig):
     ffn_slot_num: int = 3072
     norm_token_counts: list | None = None
     pattention_slot_keys: dict | None = None
+    pattention_paths: dict | None = None
     max_position_embeddings: int = 2048
     pos_emb: str = "rotary"
     rotary_pct: float = 0.25
@@ -69,7 +74,15 @@ class TokenFormerConfig(PretrainedConfig):
                              f"{self.head_dim}-dim head; it must be even and positive")
         if self.pattention_slot_keys is None:
             self.pattention_slot_keys = dict(RELEASE_PATTENTIONS)
+        if self.pattention_paths is None:
+            self.pattention_paths = dict(RELEASE_PATHS)
         names = list(self.pattention_slot_keys)
+        paths = self.pattention_paths
+        if (sorted(paths) != sorted(names) or any(paths.get(name) != path for name, path in RELEASE_PATHS.items())
+                or any(path.rpartition(".")[0] not in PATTENTION_PARENTS for path in paths.values())):
+            raise ValueError(f"config.json: pattention_paths={paths} must give a path to each Pattention of "
+                             f"pattention_slot_keys ({', '.join(names)}): the release's at {RELEASE_PATHS}, any "
+                             "other directly in a layer (`name`) or in its attention (`attention.name`)")
         counts = self.norm_token_counts
         if counts is not None and (len(counts) != self.num_hidden_layers
                                    or any(sorted(layer) != sorted(names) for layer in counts)):

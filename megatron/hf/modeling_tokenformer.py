@@ -75,6 +75,17 @@ class TokenFormerPattention(nn.Module):
                           self.norm_token_count)
 
 
+def add_pattentions(owner: nn.Module, parent: str, config: TokenFormerConfig, layer_idx: int) -> None:
+    """Add to `owner`, the module at `parent` inside layer `layer_idx` ("" for the layer), each Pattention
+    config.json places there (`pattention_paths`, megatron/model/spec.py's): the weights of one this code does not
+    compute with are then kept by from_pretrained and save_pretrained, not dropped as unexpected."""
+    for name, path in config.pattention_paths.items():
+        module_parent, _, attribute = path.rpartition(".")
+        if module_parent == parent:
+            owner.add_module(attribute, TokenFormerPattention(config, config.slot_num(name),
+                                                              config.norm_token_count(layer_idx, name)))
+
+
 class NonParametricLayerNorm(nn.Module):
     """LayerNorm without scale or shift (the blocks' norm in TokenFormer)."""
 
@@ -109,13 +120,33 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
                       torch.mul(second, cos).addcmul_(first, sin), x[..., 2 * half:]), dim=-1)
 
 
+def position_ids_for(position_ids: Tensor | None, attention_mask: Tensor | None, past: int, length: int,
+                     device: torch.device) -> Tensor:
+    """[batch or 1, length] positions of the new tokens: those given; else counted from a 2-D attention mask, so
+    that a left-padded row's positions count its own tokens, as in training (rotary, being relative, would not
+    show the difference; learned positions would); else past, past + 1, ...."""
+    if position_ids is not None:
+        return position_ids
+    if attention_mask is not None and attention_mask.dim() == 4:
+        raise ValueError("a 4-D attention_mask [batch, 1, queries, keys] says which keys each query sees, not where "
+                         "each token is: pass position_ids with it (a 2-D mask's cumsum(-1) - 1), or pass the 2-D "
+                         "attention_mask [batch, keys] instead")
+    if attention_mask is not None:
+        return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+    return torch.arange(past, past + length, device=device)[None]
+
+
 def attention_mask_for(attention_mask: Tensor | None, query_len: int, key_len: int,
                        device: torch.device) -> Tensor | None:
     """Boolean [batch or 1, 1, query_len, key_len], True where a query may attend; None for plain causal
     attention over a whole sequence (no cache, no padding). Padded queries attend to themselves only, so that no
-    row is empty (an empty row is NaN, which would reach the real tokens through 0 · NaN)."""
+    row is empty (an empty row is NaN, which would reach the real tokens through 0 · NaN). Made once per forward
+    for every layer: whether the mask pads is read by the host, on a GPU a synchronisation."""
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}: pass [batch, keys] (1 for a token, "
+                         "0 for padding) or a 4-D [batch, 1, queries, keys] mask with position_ids")
     padded = attention_mask is not None and not bool(attention_mask.all())
     if query_len == key_len and not padded:
         return None
@@ -132,15 +163,14 @@ class TokenFormerAttention(nn.Module):
     def __init__(self, config: TokenFormerConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        for name in ("query", "key", "value", "proj"):
-            setattr(self, name, TokenFormerPattention(config, config.slot_num(name),
-                                                      config.norm_token_count(layer_idx, name)))
+        add_pattentions(self, "attention", config, layer_idx)
         self.num_heads, self.rotary_dims, self.rotary_base = config.num_attention_heads, config.rotary_dims, \
             config.rotary_emb_base
         self.attention_dropout = config.attention_dropout
 
     def forward(self, x: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
                 past_key_values: Cache | None) -> Tensor:
+        """`attention_mask`: attention_mask_for's (None: causal over the whole sequence)."""
         batch, length, _ = x.shape
         query, key, value = (getattr(self, name)(x).view(batch, length, self.num_heads, -1).transpose(1, 2)
                              for name in ("query", "key", "value"))
@@ -149,8 +179,8 @@ class TokenFormerAttention(nn.Module):
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
-        mask = attention_mask_for(attention_mask, length, key.shape[2], x.device)
-        context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None,
+        context = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                 is_causal=attention_mask is None,
                                                  dropout_p=self.attention_dropout if self.training else 0.0)
         return self.proj(context.transpose(1, 2).flatten(2))
 
@@ -161,7 +191,7 @@ class TokenFormerLayer(GradientCheckpointingLayer):
         self.input_layernorm = layer_norm(config.norm, config)
         self.attention = TokenFormerAttention(config, layer_idx)
         self.post_attention_layernorm = layer_norm(config.norm, config)
-        self.mlp = TokenFormerPattention(config, config.slot_num("mlp"), config.norm_token_count(layer_idx, "mlp"))
+        add_pattentions(self, "", config, layer_idx)
         self.hidden_dropout = config.hidden_dropout
 
     def forward(self, x: Tensor, position_ids: Tensor, attention_mask: Tensor | None = None,
@@ -221,21 +251,17 @@ class TokenFormerModel(TokenFormerPreTrainedModel):
         use_cache = use_cache and not (self.gradient_checkpointing and self.training)  # a cache would be recomputed
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
-            # Left padding (batched generation): a row's positions count its own tokens, as in training. Rotary
-            # would not show the difference (it is relative); learned positions would.
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -hidden.shape[1]:]
-        elif position_ids is None:
-            position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
+        cache = past_key_values if use_cache else None
+        past, length = (past_key_values.get_seq_length() if past_key_values is not None else 0), hidden.shape[1]
+        position_ids = position_ids_for(position_ids, attention_mask, past, length, hidden.device)
         position_ids = position_ids.expand(hidden.shape[0], -1)
+        mask = attention_mask_for(attention_mask, length, length + (past if cache is not None else 0), hidden.device)
         if self.position_embeddings is not None:
             hidden = hidden + self.position_embeddings(position_ids)
         hidden = F.dropout(hidden, self.config.hidden_dropout, self.training)
         for layer in self.layers:  # the cache by keyword: gradient checkpointing leaves it out of the recomputation
-            hidden = layer(hidden, position_ids, attention_mask, past_key_values=past_key_values if use_cache else None)
-        return BaseModelOutputWithPast(last_hidden_state=self.final_norm(hidden),
-                                       past_key_values=past_key_values if use_cache else None)
+            hidden = layer(hidden, position_ids, mask, past_key_values=cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.final_norm(hidden), past_key_values=cache)
 
 
 class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):

@@ -1,4 +1,4 @@
-"""The cache DeepSpeed compiles its CPU communication op into: one per Python environment, and no stale lock.
+"""The cache DeepSpeed compiles its CPU communication op into: one per Python environment.
 
 torch keeps compiled extensions in TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by every
 environment of the user: two checkouts with different torch builds rebuild the op in turn on every start (1-5
@@ -6,9 +6,7 @@ minutes each). So every entry point (deepy.py, and each rank for launches withou
 `<environment>/torch_extensions` unless the user set it (a folder of the environment's own in the user's cache
 where the environment is read-only).
 
-While one process builds, it holds the build directory's `lock` file open; others wait for the file to go. A
-start interrupted mid-build (SIGINT) leaves the file behind, and every later start, of any checkout, then waits
-forever without a word. A lock that no live process holds open is such a leftover: it is removed, and said so.
+A build lock left in it by an interrupted start is removed before launching (build_locks.py).
 """
 
 from __future__ import annotations
@@ -42,34 +40,6 @@ def use_environment_cache() -> Path:
     if not os.environ.get(VARIABLE):
         os.environ[VARIABLE] = str(environment_cache(Path(sys.prefix), Path.home()))
     return Path(os.environ[VARIABLE])
-
-
-def _open_files() -> set[str]:
-    """Every file this user's live processes hold open (others' are unreadable)."""
-    held = set()
-    for fd_directory in Path("/proc").glob("[0-9]*/fd"):
-        try:
-            held.update(os.readlink(link) for link in fd_directory.iterdir())
-        except OSError:
-            continue  # ended meanwhile, or another user's
-    return held
-
-
-def remove_stale_build_locks(cache: Path) -> list[Path]:
-    """Remove each build `lock` under `cache` that no live process holds open (an interrupted build's); they
-    are named on stderr and returned."""
-    # CACHE/NAME/lock where TORCH_EXTENSIONS_DIR is set, CACHE/pyXY_cpu/NAME/lock under torch's default
-    found = [*cache.glob("*/lock"), *cache.glob("*/*/lock")] if cache.is_dir() else []
-    locks = [path for path in found if path.is_file()]
-    if not locks:
-        return []
-    held = _open_files()
-    stale = [path for path in locks if str(path.resolve()) not in held]
-    for path in stale:
-        path.unlink(missing_ok=True)
-        print(f"removed {path}: left by a start that was interrupted while compiling (no process holds it); "
-              "the op is built again", file=sys.stderr, flush=True)
-    return stale
 
 
 CPU_COMM_OP = "deepspeed_shm_comm"

@@ -1,10 +1,12 @@
 """Ranks end when deepy.py dies, even by SIGKILL (which it cannot pass on).
 
 deepy.py names itself to the ranks it starts on its own machine (host, pid and start time, so that a reused
-pid is not mistaken for it); each such rank watches for it and, once it is gone, stops the way a scheduler's
-SIGTERM stops it: a checkpoint at the next iteration, then exit. A rank that does not stop within the grace
-period (a collective whose peers are gone) is killed. Otherwise orphaned ranks would train on, holding the
-save directory's lock and the port, until they finished.
+pid is not mistaken for it). The start time is the kernel's, clock ticks since boot (/proc/PID/stat), which
+nothing moves; psutil's create_time() adds the boot time, re-read in wall-clock seconds, so a clock step (a VM
+resumed, chrony's makestep) would make a live deepy.py look gone. Each such rank watches for it and, once it is
+gone, stops the way a scheduler's SIGTERM stops it: a checkpoint at the next iteration, then exit. A rank that
+does not stop within the grace period (a collective whose peers are gone) is killed. Otherwise orphaned ranks
+would train on, holding the save directory's lock and the port, until they finished.
 
 deepy.py reads the ranks' output (megatron/launch/supervise.py); once it is gone, a write there would raise
 BrokenPipeError wherever the rank happens to print, so the rank's stdout and stderr then go to /dev/null instead.
@@ -20,24 +22,32 @@ import socket
 import sys
 import threading
 import time
-
-import psutil
+from pathlib import Path
 
 VARIABLE = "TOKENFORMER_LAUNCHER"
 POLL_SECONDS = 1.0
 GRACE_SECONDS = 600.0
 
 
-def launcher_identity() -> str:
-    """What deepy.py puts in VARIABLE for its ranks: host:pid:start time."""
-    this = psutil.Process()
-    return f"{socket.gethostname()}:{this.pid}:{this.create_time():.3f}"
-
-
-def _launcher_alive(pid: int, started: float) -> bool:
+def start_ticks(pid: int) -> int:
+    """When process `pid` started, in clock ticks since boot (proc(5): /proc/PID/stat, field 22; the command
+    name before it may hold spaces and parentheses); ProcessLookupError if there is no such process."""
     try:
-        return abs(psutil.Process(pid).create_time() - started) < 0.01
-    except psutil.NoSuchProcess:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        raise ProcessLookupError(f"no process {pid}") from None
+    return int(stat.rpartition(b")")[2].split()[19])
+
+
+def launcher_identity() -> str:
+    """What deepy.py puts in VARIABLE for its ranks: host:pid:start ticks."""
+    return f"{socket.gethostname()}:{os.getpid()}:{start_ticks(os.getpid())}"
+
+
+def _launcher_alive(pid: int, started: int) -> bool:
+    try:
+        return start_ticks(pid) == started
+    except ProcessLookupError:
         return False
 
 
@@ -89,7 +99,7 @@ def outlive_the_output_reader() -> None:
         setattr(sys, name, stream)
 
 
-def _watch(pid: int, started: float) -> None:
+def _watch(pid: int, started: int) -> None:
     while _launcher_alive(pid, started):
         time.sleep(POLL_SECONDS)
     _keep_output_writable()
@@ -107,5 +117,5 @@ def watch_launcher() -> bool:
         return False
     pid, _, started = rest.partition(":")
     outlive_the_output_reader()
-    threading.Thread(target=_watch, args=(int(pid), float(started)), daemon=True, name="launcher-watch").start()
+    threading.Thread(target=_watch, args=(int(pid), int(started)), daemon=True, name="launcher-watch").start()
     return True

@@ -4,9 +4,11 @@ settings without saying so.
 The stage file (stage_file.py) pins a stage's own keys only; the shared config files are read afresh by every
 launch, so an edit to them between two runs of the driver would change a started stage unnoticed. The lineage
 pins the whole resolved config (less the directories the driver gives each stage), the growth mode and the
-checkpoint the stage grew from (`stage@tag`). It is written before the stage's first step and compared before
-every step, and by each step job of a SLURM chain, which re-reads the plan. Keys that say where and how a run
-runs, not what it trains (launcher, logging, when to stop and how often to save), are recorded but not compared.
+checkpoint the stage grew from, by name (`stage@tag`) and by content (`source_sha256`, the checkpoint's
+content_digest: a predecessor retrained by hand under the same tag is another source). It is written before the
+stage's first step, again before its growth (when the source exists), and compared before every step, and by
+each step job of a SLURM chain, which re-reads the plan. Keys that say where and how a run runs, not what it
+trains (launcher, logging, when to stop and how often to save), are recorded but not compared.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megatron.checkpoint.manifest import content_digest
 from megatron.config.schema import SCHEMA
 from megatron.progressive.commands import source_tag
 from megatron.progressive.plan import DRIVER_KEYS, Plan, Stage
@@ -36,13 +39,25 @@ def _pinned(key: str) -> bool:
     return key not in UNPINNED_KEYS and (key not in SCHEMA or SCHEMA[key].group not in UNPINNED_GROUPS)
 
 
+def _source_sha256(plan: Plan, resolved: list[ResolvedStage], previous: Stage | None) -> str | None:
+    """The content digest of the checkpoint a stage grows from; None before it exists (or for the first stage)."""
+    if previous is None:
+        return None
+    source = plan.checkpoints(previous) / source_tag(resolved[previous.index].config)
+    try:
+        return content_digest(source) if source.is_dir() else None
+    except ValueError as error:
+        raise plan.error(f"{previous.where()}: {error}; the stage grown from it cannot be pinned to it") from None
+
+
 def current_lineage(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> dict[str, Any]:
-    """The stage's lineage as the plan and its config files give it now."""
+    """The stage's lineage as the plan, its config files and the source checkpoint give it now."""
     config = resolved[stage.index].config
     previous = plan.previous(stage)
     grown_from = f"{previous.name}@{source_tag(resolved[previous.index].config)}" if previous else None
     settings = {key: value for key, value in config.to_dict().items() if key not in DRIVER_KEYS}
-    return {"grown_from": grown_from, "growth_mode": config.growth_mode if previous else None,
+    return {"grown_from": grown_from, "source_sha256": _source_sha256(plan, resolved, previous),
+            "growth_mode": config.growth_mode if previous else None,
             "config": json.loads(json.dumps(settings, sort_keys=True))}
 
 
@@ -70,15 +85,27 @@ def record_lineage(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> P
     return path
 
 
+def unpinned_reason(plan: Plan, stage: Stage) -> str | None:
+    """Why a started stage's lineage does not pin it (no file, or its source by name only); None if it does."""
+    recorded = recorded_lineage(plan, stage)
+    if recorded is None:
+        return f"it has no {lineage_path(plan, stage)} (started by an older driver, or the file deleted)"
+    if plan.previous(stage) is not None and not recorded.get("source_sha256"):
+        return (f"its {lineage_path(plan, stage)} names the checkpoint it grew from by tag only, not by content "
+                "(written by an older driver)")
+    return None
+
+
 def lineage_changes(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, value now) for everything the stage's lineage pins that differs now; [] if none
-    or nothing was recorded. A config key is named as config.KEY."""
+    or nothing was recorded. A config key is named as config.KEY. The source's content is compared once
+    recorded (a stage pinned before its source existed records none)."""
     recorded = recorded_lineage(plan, stage)
     if recorded is None:
         return []
     now = current_lineage(plan, resolved, stage)
-    changes = [(key, recorded.get(key), now[key]) for key in ("grown_from", "growth_mode")
-               if recorded.get(key) != now[key]]
+    pinned = ("grown_from", "growth_mode", *(("source_sha256",) if recorded.get("source_sha256") else ()))
+    changes = [(key, recorded.get(key), now[key]) for key in pinned if recorded.get(key) != now[key]]
     before, after = recorded.get("config", {}), now["config"]
     # Keys of both only: one the schema gained or lost since is no edit of the plan's.
     changes += [(f"config.{key}", before[key], after[key]) for key in sorted(before.keys() & after.keys())

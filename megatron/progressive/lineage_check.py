@@ -1,39 +1,68 @@
 """Holding stages to their lineage (lineage.py): refuse a changed stage, or redo it when asked.
 
-Before a run or a submission, a stage that has started (it has a checkpoint) and whose lineage changed is
-refused, naming each key with its recorded and its new value; with --redo-changed it is redone instead, with
-every stage after it (each grew from the one before): their directories are moved to work_dir/replaced/, so
-the redone stage is grown, scored and trained anew (its metrics start empty, so its grown model is re-scored).
-Stages not started yet are pinned as the plan gives them now. Before each step, and in each job of a SLURM
-chain (step jobs, and training jobs before they train: `--step check`), the stages must still resolve to their
-lineage: a config file edited meanwhile stops the plan.
+Before a run or a submission, a stage that has started (it has a committed checkpoint, usable or not) and
+whose lineage changed is refused, naming each key with its recorded and its new value; with --redo-changed it
+is redone instead, with every stage after it (each grew from the one before): their directories are moved to
+work_dir/replaced/, so the redone stage is grown, scored and trained anew (its metrics start empty, so its
+grown model is re-scored). A started stage whose lineage does not pin it (no lineage.json, or one naming its
+source by tag only) is refused too, unless --adopt-unpinned pins it as the plan gives it now (said so) or
+--redo-changed redoes it; a started stage is never pinned anew otherwise. Stages not started yet are pinned as
+the plan gives them now, and a grown stage again just before its growth, with the source's content. Before each
+step, and in each job of a SLURM chain (step jobs, and training jobs before they train: `--step check`), the
+stages must still resolve to their lineage: a config file edited meanwhile stops the plan.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
-from megatron.progressive.lineage import describe_changes, lineage_changes, lineage_path, record_lineage
+from megatron.progressive.lineage import (
+    describe_changes,
+    lineage_changes,
+    lineage_path,
+    record_lineage,
+    recorded_lineage,
+    unpinned_reason,
+)
 from megatron.progressive.plan import Plan, Stage
-from megatron.progressive.progress import checkpoint_iteration
+from megatron.progressive.progress import has_checkpoints
 from megatron.progressive.stage_config import ResolvedStage
 from megatron.progressive.stage_file import prepare_stage_files
 
 REDO_FLAG = "--redo-changed"
+ADOPT_FLAG = "--adopt-unpinned"
 CHECK = "check"  # the driver's --step that only checks the lineage (a SLURM chain's training jobs run it)
 REPLACED = "replaced"
 
 
 def _started(plan: Plan, stage: Stage) -> bool:
-    return checkpoint_iteration(plan.checkpoints(stage)) is not None
+    return has_checkpoints(plan.checkpoints(stage))
 
 
-def _refusal(plan: Plan, stage: Stage, changes: list, after: list[Stage]) -> str:
-    also = f" and the stage(s) grown from it ({', '.join(s.name for s in after)})" if after else ""
+def _stages_after(plan: Plan, stage: Stage) -> list[Stage]:
+    """The stages after `stage` that have a directory: each grew from the one before."""
+    return [later for later in plan.stages[stage.index + 1:] if plan.directory(later).exists()]
+
+
+def _grown_from(plan: Plan, stage: Stage) -> str:
+    after = _stages_after(plan, stage)
+    return f" and the stage(s) grown from it ({', '.join(s.name for s in after)})" if after else ""
+
+
+def _refusal(plan: Plan, stage: Stage, changes: list) -> str:
     return (f"{stage.where()} was started from other settings than the plan and its config files give now "
             f"({lineage_path(plan, stage)}): {describe_changes(changes)}. Restore them to continue the stage, or run "
-            f"again with {REDO_FLAG} to redo it{also}: their directories are moved to {plan.work_dir / REPLACED}/")
+            f"again with {REDO_FLAG} to redo it{_grown_from(plan, stage)}: their directories are moved to "
+            f"{plan.work_dir / REPLACED}/")
+
+
+def _unpinned_refusal(plan: Plan, stage: Stage, reason: str) -> str:
+    return (f"{stage.where()} has started but is not pinned: {reason}, so nothing shows it was started from the "
+            f"plan as it is now. Run again with {ADOPT_FLAG} to pin it as the plan gives it now, or with "
+            f"{REDO_FLAG} to redo it{_grown_from(plan, stage)} (their directories are moved to "
+            f"{plan.work_dir / REPLACED}/)")
 
 
 def _move_aside(plan: Plan, stage: Stage) -> Path:
@@ -43,6 +72,12 @@ def _move_aside(plan: Plan, stage: Stage) -> Path:
     return destination
 
 
+def _unpinned_started(plan: Plan) -> list[tuple[Stage, str]]:
+    """(stage, why) for every started stage its lineage does not pin, in plan order."""
+    return [(stage, reason) for stage in plan.stages
+            if _started(plan, stage) and (reason := unpinned_reason(plan, stage))]
+
+
 def _changed_started(plan: Plan, resolved: list[ResolvedStage]) -> list[tuple[Stage, list]]:
     """(stage, its changes) for every started stage whose lineage changed, in plan order."""
     return [(stage, changes) for stage in plan.stages
@@ -50,38 +85,73 @@ def _changed_started(plan: Plan, resolved: list[ResolvedStage]) -> list[tuple[St
 
 
 def changed_stage_lines(plan: Plan, resolved: list[ResolvedStage]) -> list[str]:
-    """What --status and --dry-run say of started stages whose lineage changed: one line each."""
-    return [f"{stage.name}: changed since it was pinned: {describe_changes(changes)} (a run refuses; {REDO_FLAG} "
-            "redoes it and the stages after it)" for stage, changes in _changed_started(plan, resolved)]
+    """What --status and --dry-run say of started stages not pinned or whose lineage changed: one line each."""
+    return [*(f"{stage.name}: started but not pinned: {reason} (a run refuses; {ADOPT_FLAG} pins it as the plan "
+              f"gives it now, {REDO_FLAG} redoes it and the stages after it)"
+              for stage, reason in _unpinned_started(plan)),
+            *(f"{stage.name}: changed since it was pinned: {describe_changes(changes)} (a run refuses; {REDO_FLAG} "
+              "redoes it and the stages after it)" for stage, changes in _changed_started(plan, resolved))]
 
 
-def refuse_or_redo(plan: Plan, resolved: list[ResolvedStage], redo: bool) -> list[tuple[Stage, Path]]:
-    """PlanError for the first started stage whose lineage changed; with `redo`, that stage's directory and those
-    of the stages after it moved aside instead: (stage, where it went) for each."""
-    changed = _changed_started(plan, resolved)
-    if not changed:
-        return []
-    stage, changes = changed[0]
-    after = [later for later in plan.stages[stage.index + 1:] if plan.directory(later).exists()]
+def _redo(plan: Plan, stage: Stage) -> list[str]:
+    """Move the directories of `stage` and of the stages after it aside; one line each."""
+    return [f"{moved.name}: redone from scratch; its earlier directory is now {_move_aside(plan, moved)}"
+            for moved in (stage, *_stages_after(plan, stage))]
+
+
+def _adopt(plan: Plan, resolved: list[ResolvedStage], stage: Stage, reason: str) -> str:
+    """Pin a started stage as the plan gives it now; what was done, in one line."""
+    record_lineage(plan, resolved, stage)
+    if unpinned_reason(plan, stage):  # a grown stage whose source checkpoint is gone
+        raise plan.error(f"{stage.where()} cannot be pinned: the checkpoint it grew from is not in "
+                         f"{plan.checkpoints(plan.previous(stage))}; run with {REDO_FLAG} to redo it")
+    return f"{stage.name}: pinned as the plan and its config files give it now ({ADOPT_FLAG}); {reason}"
+
+
+def _first_refusal(plan: Plan, resolved: list[ResolvedStage]) -> tuple[Stage, str] | None:
+    """The first started stage, in plan order, that its lineage does not pin or whose lineage changed, and why."""
+    for stage in filter(partial(_started, plan), plan.stages):
+        reason = unpinned_reason(plan, stage)
+        if reason:
+            return stage, _unpinned_refusal(plan, stage, reason)
+        changes = lineage_changes(plan, resolved, stage)
+        if changes:
+            return stage, _refusal(plan, stage, changes)
+    return None
+
+
+def refuse_or_redo(plan: Plan, resolved: list[ResolvedStage], redo: bool, adopt: bool = False) -> list[str]:
+    """With `adopt`, pin every started stage its lineage does not pin as the plan gives it now; then PlanError for
+    the first started stage that is not pinned or whose lineage changed, or with `redo` that stage's directory and
+    those of the stages after it moved aside instead. What was done, one line each."""
+    said = [_adopt(plan, resolved, stage, reason) for stage, reason in _unpinned_started(plan)] if adopt else []
+    refusal = _first_refusal(plan, resolved)
+    if refusal is None:
+        return said
+    stage, why = refusal
     if not redo:
-        raise plan.error(_refusal(plan, stage, changes, after))
-    return [(moved, _move_aside(plan, moved)) for moved in (stage, *after)]
+        raise plan.error(why)
+    return said + _redo(plan, stage)
 
 
-def prepare_stages(plan: Plan, resolved: list[ResolvedStage], redo: bool = False) -> list[tuple[Stage, Path]]:
-    """Before anything runs: refuse (or redo) changed started stages, write every stage file, pin the stages
-    not started yet. The stages redone, and where their old directories went."""
-    moved = refuse_or_redo(plan, resolved, redo)
+def prepare_stages(plan: Plan, resolved: list[ResolvedStage], redo: bool = False, adopt: bool = False) -> list[str]:
+    """Before anything runs: refuse (or redo, or adopt) started stages that are not pinned or whose lineage
+    changed, write every stage file, pin the stages not started yet. What was done, one line each."""
+    said = refuse_or_redo(plan, resolved, redo, adopt)
     prepare_stage_files(plan)
     for stage in plan.stages:
         if not _started(plan, stage):
             record_lineage(plan, resolved, stage)
-    return moved
+    return said
 
 
 def check_unchanged(plan: Plan, resolved: list[ResolvedStage], stages: list[Stage] | tuple[Stage, ...]) -> None:
-    """PlanError if any of `stages` no longer resolves to its recorded lineage (`resolved` read afresh)."""
+    """PlanError if any of `stages` has no recorded lineage (prepare_stages pinned every stage) or no longer
+    resolves to it (`resolved` read afresh)."""
     for stage in stages:
+        if recorded_lineage(plan, stage) is None:
+            raise plan.error(f"{stage.where()} is not pinned: {lineage_path(plan, stage)} is gone; run "
+                             "tools/progressive_scaling.py again to pin the plan")
         changes = lineage_changes(plan, resolved, stage)
         if changes:
             raise plan.error(f"{stage.where()}: the plan or its config files changed since the stage was pinned "

@@ -5,6 +5,7 @@ for an earlier run of it that is still stopping (a driver killed mid-stage stops
 to let go of the stage's save directory. After a growth is scored it prints the growth check: with
 growth_mode preserve the grown model's validation loss is the previous stage's last. Before each step the stage
 is resolved afresh and held to its lineage (lineage_check.py): a config file edited while the plan runs stops it.
+Just before a growth the stage is pinned again, now with the content of the checkpoint it grows from.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free, hold_save_directory
 from megatron.progressive.commands import evaluate_command, grow_command, source_tag, train_command
+from megatron.progressive.lineage import record_lineage
 from megatron.progressive.lineage_check import CHECK, check_unchanged, prepare_stages
 from megatron.progressive.plan import Plan, Stage
 from megatron.progressive.processes import run_step
@@ -26,6 +28,7 @@ from megatron.progressive.progress import (
     Step,
     checkpoint_iteration,
     growth_validation,
+    has_checkpoints,
     last_validation,
     pending_steps,
     publish_final,
@@ -66,9 +69,13 @@ def wait_for_save_directory(plan: Plan, stage: Stage) -> None:
 
 
 def clear_incomplete_growth(plan: Plan, stage: Stage) -> None:
-    """A grown stage without any usable checkpoint holds at most an interrupted growth: remove it."""
+    """A grown stage without any committed checkpoint holds at most an interrupted growth: remove it. One whose
+    committed checkpoints all fail to load is refused: it has started, and they are not the driver's to delete."""
     directory = plan.checkpoints(stage)
-    if directory.exists() and checkpoint_iteration(directory) is None:
+    if has_checkpoints(directory) and checkpoint_iteration(directory) is None:
+        raise plan.error(f"{stage.where()} has checkpoints in {directory} but none can be used (missing or truncated "
+                         "files); restore them, or move the directory aside to grow the stage anew")
+    if directory.exists():
         _say(f"{stage.name}: removing the incomplete growth in {directory}")
         shutil.rmtree(directory)
 
@@ -87,14 +94,15 @@ def growth_check(plan: Plan, resolved: ResolvedStage) -> str:
     return line
 
 
-def _run(plan: Plan, by_name: dict[str, ResolvedStage], step: Step, echo: bool) -> None:
-    stage, resolved = step.stage, by_name[step.stage.name]
+def _run(plan: Plan, resolved_stages: list[ResolvedStage], step: Step, echo: bool) -> None:
+    stage, resolved = step.stage, resolved_stages[step.stage.index]
     log = plan.directory(stage) / f"{step.kind}.log"
     if step.kind == GROW:
-        previous = by_name[plan.previous(stage).name].config
+        previous = resolved_stages[plan.previous(stage).index].config
         _say(f"{stage.name}: grow {plan.previous(stage).name}'s {source_tag(previous)} "
              f"({', '.join(resolved.growth.summary())}; growth mode {resolved.config.growth_mode}); log: {log}")
         clear_incomplete_growth(plan, stage)
+        record_lineage(plan, resolved_stages, stage)  # pinned to the source's content before anything is grown
         run_step(f"{stage.name} grow", grow_command(plan, stage, previous, resolved.config), log, echo)
     elif step.kind == EVALUATE:
         _say(f"{stage.name}: score the grown checkpoint; log: {log}")
@@ -138,20 +146,21 @@ def run_single_step(plan: Plan, resolved: list[ResolvedStage], kind: str, stage_
     if kind == GROW and checkpoint_iteration(plan.checkpoints(stage)) is not None:
         _say(f"{stage.name}: already grown ({plan.checkpoints(stage)} holds a checkpoint); nothing to do")
         return
-    _run(plan, by_name, Step(kind, stage), echo=True)
+    _run(plan, resolved, Step(kind, stage), echo=True)
 
 
-def run_plan(plan: Plan, resolved: list[ResolvedStage], echo: bool = True, redo: bool = False) -> None:
+def run_plan(plan: Plan, resolved: list[ResolvedStage], echo: bool = True, redo: bool = False,
+             adopt: bool = False) -> None:
     """Do every pending step of `plan` here, in order (StepFailed, Interrupted or PlanError stop it); `redo`:
-    redo a started stage whose lineage changed, and the stages after it, instead of refusing."""
+    redo a started stage whose lineage changed or does not pin it, and the stages after it, instead of refusing;
+    `adopt`: pin a started stage its lineage does not pin as the plan gives it now."""
     hold_work_dir(plan)
-    for stage, moved in prepare_stages(plan, resolved, redo):
-        _say(f"{stage.name}: redone from scratch; its earlier directory is now {moved}")
+    for line in prepare_stages(plan, resolved, redo, adopt):
+        _say(line)
     steps = pending_steps(plan, resolved)
     if not steps:
         _say(f"nothing to do: the plan is complete ({plan.final} -> {plan.checkpoints(plan.stages[-1])})")
     retract_stale_final(plan, steps)
-    by_name = {entry.stage.name: entry for entry in resolved}
     for step in steps:
         check_unchanged(plan, resolve_plan(plan), [step.stage])
-        _run(plan, by_name, step, echo)
+        _run(plan, resolved, step, echo)

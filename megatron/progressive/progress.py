@@ -32,6 +32,12 @@ class Step:
     stage: Stage
 
 
+def has_checkpoints(directory: Path) -> bool:
+    """Whether `directory` holds a committed checkpoint (global_stepN), usable or not: a stage that has one has
+    started, even where every one is damaged."""
+    return directory.is_dir() and any(CHECKPOINT_TAG.match(path.name) and path.is_dir() for path in directory.iterdir())
+
+
 def checkpoint_iteration(directory: Path) -> int | None:
     """The iteration of the newest usable checkpoint in `directory` (judged by file names and sizes, as
     deepy.py does), None if there is none."""

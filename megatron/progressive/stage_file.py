@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from megatron.progressive.plan import DRIVER_KEYS, Plan, Stage
-from megatron.progressive.progress import checkpoint_iteration
+from megatron.progressive.progress import has_checkpoints
 
 HEADER = "# Written by tools/progressive_scaling.py from {plan}, stage {name}; edit the plan, not this file.\n"
 
@@ -34,7 +34,7 @@ def check_started_stages_unchanged(plan: Plan) -> None:
     """PlanError if a stage that has checkpoints was started with other keys than the plan gives it now."""
     for stage in plan.stages:
         path = plan.stage_file(stage)
-        if not path.is_file() or checkpoint_iteration(plan.checkpoints(stage)) is None:
+        if not path.is_file() or not has_checkpoints(plan.checkpoints(stage)):
             continue
         changed = _changed_keys(path, plan.stage_settings(stage))
         if changed:

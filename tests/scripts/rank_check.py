@@ -7,7 +7,8 @@ working (a 10-minute sleep stands for a long step): only the launcher ending
 the whole job stops them in time. $KILL_RANK: that rank is killed (SIGKILL)
 instead, as by the kernel's out-of-memory killer. $CHILD_PID_FILE: each rank
 starts a long child process (as a compiler DeepSpeed starts on its first start)
-and writes its pid there, then waits.
+and writes its pid there, then waits. $WAIT_RANK: that rank waits 10 minutes
+before it joins (a slow start), so that the others reach the rendezvous first.
 """
 
 import os
@@ -24,6 +25,8 @@ from megatron.runtime.process_group import initialize_distributed
 
 
 def check(cfg: Config) -> None:
+    if os.environ.get("WAIT_RANK") == os.environ["RANK"]:
+        time.sleep(600)
     initialize_distributed(cfg)
     rank, world = dist.get_rank(), dist.get_world_size()
     ranks = torch.tensor([rank])
