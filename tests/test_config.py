@@ -461,3 +461,19 @@ def test_flow_style_without_a_space_after_the_colon_says_so(tmp_path, text, line
                                 f"with no value: YAML needs a space after the colon ({{{name}: {value}}})")
     path.write_text(text.replace(":true", ": true").replace(":0.1", ": 0.1"))
     load_config([REPO / "configs" / "demo.yml", path])
+
+
+def test_yaml_merge_keys_are_read_and_real_keys_given_twice_still_refused(tmp_path):
+    """Issue 42: `<<: *base` (YAML 1.1, read by PyYAML's safe loader) was refused as "not valid YAML"; the merged
+    keys give way to the mapping's own, as YAML says, and a real key given twice is still named."""
+    path = tmp_path / "merge.yml"
+    cfg = load_config([REPO / "configs" / "demo.yml"],
+                      ["optimizer={type: Adam, params: {<<: {lr: 0.1, eps: 1.0e-6}, lr: 0.002}}"])
+    assert cfg.optimizer["params"] == {"lr": 0.002, "eps": 1.0e-6}
+    path.write_text("optimizer:\n  type: Adam\n  params: {<<: {lr: 0.001, betas: [0.9, 0.95]}, eps: 1.0e-8}\n")
+    cfg = load_config([REPO / "configs" / "demo.yml", path])
+    assert cfg.optimizer["params"] == {"lr": 0.001, "betas": [0.9, 0.95], "eps": 1.0e-8}
+    path.write_text("optimizer:\n  type: Adam\n  params: {<<: {lr: 0.001}, eps: 1.0e-8,\n           eps: 1.0e-6}\n")
+    with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML: key 'eps' is given twice, on "
+                                          "lines 3 and 4; keep one of them"):
+        load_config([path])
