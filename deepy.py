@@ -33,7 +33,7 @@ from megatron.formats.deepspeed.changed_settings import resume_warnings
 from megatron.host.extension_cache import compile_note, remove_stale_build_locks, use_environment_cache
 from megatron.host.shm_buffers import remove_port_buffers
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size
-from megatron.launch.preflight import launches_here, preflight_problems
+from megatron.launch.preflight import launches_here, preflight_notes, preflight_problems
 from megatron.launch.resolve import resolve_run
 from megatron.launch.supervise import run_launcher
 
@@ -74,6 +74,8 @@ def main(argv: list[str]) -> int:
     for key, why in slow_keys(cfg, device):
         print(f"note: {key}: {why}", flush=True)
     if Path(script).name not in INFERENCE_SCRIPTS:
+        for note in preflight_notes(cfg):
+            print(f"note: {note}", flush=True)
         for warning in resume_warnings(cfg):
             print(f"warning: {warning}", flush=True)
     if launches_here(cfg, slots) and (note := compile_note(cache, device)):

@@ -10,6 +10,8 @@ traceback per rank.
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
   machine, can be written (or created);
 - on a launch from this machine, master_port is free.
+
+`preflight_notes` says what is allowed but likely unintended: a train split that training reads many times.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from megatron.checkpoint.selection import newest_usable_tag
 from megatron.config import Config
 from megatron.config.eval_tasks import eval_task_problems
 from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
-from megatron.data.data_utils import train_split_problem, train_split_shortfall
+from megatron.data.data_utils import train_split_problem, train_split_repeats, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
 from megatron.formats.consolidated import weights_location_problem
@@ -95,10 +97,15 @@ def _save_directory_problems(save: str) -> list[str]:
     return []
 
 
+def _trains_on_a_split(cfg: Config) -> bool:
+    """Whether the run trains on the train part of data_path's `split` (not on train_data_paths)."""
+    return not cfg.train_data_paths and bool(cfg.data_path) and not cfg.eval_only and cfg.train_iters > 0
+
+
 def _split_problems(cfg: Config) -> list[str]:
     """A `split` that gives training no documents of data_path, or too little text for one global batch (counted
     from its index)."""
-    if cfg.train_data_paths or not cfg.data_path or cfg.eval_only or cfg.train_iters <= 0:
+    if not _trains_on_a_split(cfg):
         return []
     idx_path = index_file_path(cfg.data_path)
     try:
@@ -112,6 +119,19 @@ def _split_problems(cfg: Config) -> list[str]:
     except ValueError as error:
         return [f"split = {cfg.split!r}: {error}"]
     return [problem] if problem else []
+
+
+def preflight_notes(cfg: Config) -> list[str]:
+    """What deepy.py tells a training run before launch without refusing it: a train split read many times."""
+    if not _trains_on_a_split(cfg) or not cfg.train_batch_size:
+        return []
+    idx_path = index_file_path(cfg.data_path)
+    try:
+        note = train_split_repeats(cfg.data_path, cfg.split, sequence_sizes(idx_path, read_index_header(idx_path)),
+                                   cfg.train_iters, cfg.train_batch_size, cfg.seq_length)
+    except (OSError, IndexedDatasetError, ValueError):
+        return []  # preflight_problems names it
+    return [note] if note else []
 
 
 def _inference_problems(cfg: Config) -> list[str]:
