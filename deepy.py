@@ -33,7 +33,7 @@ from megatron.formats.deepspeed.changed_settings import resume_warnings
 from megatron.host.extension_cache import compile_note, remove_stale_build_locks, use_environment_cache
 from megatron.host.shm_buffers import remove_port_buffers
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size
-from megatron.launch.preflight import launches_here, preflight_notes, preflight_problems
+from megatron.launch.preflight import launches_here, nothing_left_to_train, preflight_notes, preflight_problems
 from megatron.launch.resolve import resolve_run
 from megatron.launch.supervise import run_launcher
 
@@ -68,6 +68,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
+    if done := nothing_left_to_train(cfg):
+        print(f"deepy.py: {done}", flush=True)
+        return 0
     print(cfg.format(), flush=True)
     for key, reason in [*inactive_keys(cfg, device), *launch_notes(cfg)]:
         print(f"note: {key} has no effect here: {reason}", flush=True)

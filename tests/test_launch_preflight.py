@@ -19,7 +19,7 @@ from megatron.config import load_config
 from megatron.formats.consolidated import weights_location_problem
 from megatron.formats.deepspeed.files import CheckpointUnreadable
 from megatron.formats.registry import read_state
-from megatron.launch.preflight import preflight_notes, preflight_problems
+from megatron.launch.preflight import nothing_left_to_train, preflight_notes, preflight_problems
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from tests.conftest import REPO
 from tests.distributed import free_port
@@ -226,13 +226,17 @@ def test_eval_only_with_a_checkpoints_own_directory_is_refused_before_launch(run
     assert problem.startswith(f"load = {run}/global_step3 is one checkpoint of the run in {run}")
 
 
-def test_train_iters_at_or_below_the_checkpoints_iteration_is_refused_before_launch(run, tmp_path):
-    """Issue 42: launched, printed two unrelated LR warnings, then "nothing to do" 28 s later."""
-    [problem] = preflight_problems(run_config(tmp_path, f"load={run}", "train_iters=3"), TWO_RANKS)
-    assert problem == (f"train_iters = 3, but the checkpoint this run resumes ({run}/global_step3) is at iteration 3: "
-                       "nothing is left to train. Raise train_iters (and lr_decay_iters, for a longer schedule) to "
-                       "train on, or set eval_only=true to evaluate it")
-    assert preflight_problems(run_config(tmp_path, f"load={run}", "train_iters=4"), TWO_RANKS) == []
+def test_train_iters_at_or_below_the_checkpoints_iteration_is_said_before_launch(run, tmp_path):
+    """Issue 42: launched, printed two unrelated LR warnings, then "nothing to do" 28 s later. deepy.py now says
+    it and exits 0 without launching (a finished run asked again is no error: a requeued job's, say)."""
+    cfg = run_config(tmp_path, f"load={run}", "train_iters=3")
+    assert preflight_problems(cfg, TWO_RANKS) == []
+    assert nothing_left_to_train(cfg) == (
+        f"nothing to train: the checkpoint this run resumes ({run}/global_step3) is at iteration 3 and train_iters = "
+        "3; raise train_iters (and lr_decay_iters, for a longer schedule) to train on, or set eval_only=true to "
+        "evaluate it")
+    assert nothing_left_to_train(run_config(tmp_path, f"load={run}", "train_iters=4")) is None
+    assert nothing_left_to_train(run_config(tmp_path, f"load={run}", "train_iters=3", "eval_only=true")) is None
 
 
 # --- item 13: a train split read many times -------------------------------------------------------------------

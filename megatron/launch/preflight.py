@@ -7,13 +7,13 @@ traceback per rank.
   and that `split` gives the train part of data_path a share and at least one global batch of text;
 - `load` holds checkpoints, or is `save` with nothing there yet (load_check.py);
 - the checkpoint a training run resumes from: files present, pickles screened (megatron/checkpoint/safety.py), its
-  layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py), and an iteration
-  below train_iters;
+  layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
   machine, it and log_dir (generate.py: sample_output_file's folder) can be written (or created);
 - on a launch from this machine, master_port is free.
 
-`preflight_notes` says what is allowed but likely unintended: a train split that training reads many times.
+`preflight_notes` says what is allowed but likely unintended: a train split that training reads many times;
+`nothing_left_to_train`, that a run need not start: its checkpoint already reached train_iters.
 """
 
 from __future__ import annotations
@@ -68,18 +68,24 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
     data_parallel = processes // (cfg.model_parallel_size * max(1, cfg.pipe_parallel_size))
     # A frozen run whose checkpoint was saved with another freeze loads weights only: any data-parallel size.
     return (layout_problems(tag_dir, cfg, None if cfg.freeze_old_param_tokens else data_parallel)
-            or tensor_problems(tag_dir, cfg, vocabulary) or architecture_problems(tag_dir, cfg)
-            or _nothing_to_train(cfg, tag_dir))
+            or tensor_problems(tag_dir, cfg, vocabulary) or architecture_problems(tag_dir, cfg))
 
 
-def _nothing_to_train(cfg: Config, tag_dir: Path) -> list[str]:
-    """A run whose checkpoint already reached train_iters: launched, it would only say so."""
+def nothing_left_to_train(cfg: Config) -> str | None:
+    """Why a training run that passed preflight_problems would stop as soon as it started: the checkpoint it
+    resumes already reached train_iters (launched, it would only say so, after start-up); None otherwise."""
+    if cfg.eval_only or not cfg.load or Path(cfg.user_script or "train.py").name in INFERENCE_SCRIPTS:
+        return None
+    tag, _ = newest_usable_tag(cfg.load, screened_file_problems)
+    if tag is None or holds_weights_only(Path(cfg.load) / tag):  # weights only: a start at iteration 0
+        return None
+    tag_dir = Path(cfg.load) / tag
     iteration = load_checkpoint_file(files_by_rank(tag_dir, MODEL_FILE)[(0,)]).get("iteration", 0)
-    if cfg.eval_only or iteration < cfg.train_iters:
-        return []
-    return [f"train_iters = {cfg.train_iters}, but the checkpoint this run resumes ({tag_dir}) is at iteration "
-            f"{iteration}: nothing is left to train. Raise train_iters (and lr_decay_iters, for a longer schedule) "
-            "to train on, or set eval_only=true to evaluate it"]
+    if iteration < cfg.train_iters:
+        return None
+    return (f"nothing to train: the checkpoint this run resumes ({tag_dir}) is at iteration {iteration} and "
+            f"train_iters = {cfg.train_iters}; raise train_iters (and lr_decay_iters, for a longer schedule) to train "
+            "on, or set eval_only=true to evaluate it")
 
 
 def launches_here(cfg: Config, slots: Slots) -> bool:
