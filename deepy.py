@@ -7,7 +7,8 @@ Config files merge left to right; `key=value` arguments override single keys
 (the value is read as YAML: `train_iters=100`, `optimizer={type: Adam, params: {lr: 0.001}}`).
 Everything is checked here, before any process starts: the config, the
 hostfile and include/exclude, the launcher's tools and ssh reachability, and
-the files the run reads (launch/preflight.py). The config is printed once, with a warning per optimizer or data
+the files the run reads (launch/preflight.py); a run whose checkpoint already reached train_iters is not
+launched (it says so and exits 0). The config is printed once, with a warning per optimizer or data
 key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.py), and
 passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
 stops (launch/supervise.py). On this machine, the shared-memory buffers DeepSpeed's

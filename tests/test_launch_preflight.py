@@ -120,7 +120,8 @@ def test_load_equal_to_save_with_nothing_there_starts_afresh_saying_so(tmp_path,
     cfg = run_config(tmp_path, f"load={tmp_path}/new_run")
     assert preflight_problems(cfg, TWO_RANKS) == []
     assert resume_tag(cfg.load) is None
-    assert capsys.readouterr().out == f"load={tmp_path}/new_run holds no checkpoint yet: this run starts at iteration 0\n"
+    said = capsys.readouterr().out
+    assert said == f"load={tmp_path}/new_run holds no checkpoint yet: this run starts at iteration 0\n"
 
 
 # --- item 7: a `latest` naming a path outside the save directory --------------------------------------------
