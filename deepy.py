@@ -7,7 +7,8 @@ Config files merge left to right; `key=value` arguments override single keys
 (the value is read as YAML: `train_iters=100`, `optimizer={type: Adam, params: {lr: 0.001}}`).
 Everything is checked here, before any process starts: the config, the
 hostfile and include/exclude, the launcher's tools and ssh reachability, and
-the files the run reads (launch/preflight.py). The config is printed once, with a warning per optimizer or data
+the files the run reads (launch/preflight.py); a run whose checkpoint already reached train_iters is not
+launched (it says so and exits 0). The config is printed once, with a warning per optimizer or data
 key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.py), and
 passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
 stops (launch/supervise.py). On this machine, the shared-memory buffers DeepSpeed's
@@ -34,7 +35,7 @@ from megatron.host.build_locks import remove_stale_build_locks
 from megatron.host.extension_cache import compile_note, use_environment_cache
 from megatron.host.shm_buffers import remove_port_buffers
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size
-from megatron.launch.preflight import launches_here, preflight_problems
+from megatron.launch.preflight import launches_here, nothing_left_to_train, preflight_notes, preflight_problems
 from megatron.launch.resolve import resolve_run
 from megatron.launch.supervise import run_launcher
 
@@ -69,12 +70,17 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
+    if done := nothing_left_to_train(cfg):
+        print(f"deepy.py: {done}", flush=True)
+        return 0
     print(cfg.format(), flush=True)
     for key, reason in [*inactive_keys(cfg, device), *launch_notes(cfg)]:
         print(f"note: {key} has no effect here: {reason}", flush=True)
     for key, why in slow_keys(cfg, device):
         print(f"note: {key}: {why}", flush=True)
     if Path(script).name not in INFERENCE_SCRIPTS:
+        for note in preflight_notes(cfg):
+            print(f"note: {note}", flush=True)
         for warning in resume_warnings(cfg):
             print(f"warning: {warning}", flush=True)
     if launches_here(cfg, slots) and (note := compile_note(cache, device)):

@@ -162,6 +162,20 @@ def test_out_of_range_value_is_named():
     config_error("warmup: 1.5 is outside the allowed range [0, 1]", {**MINIMAL, "warmup": 1.5})
 
 
+@pytest.mark.parametrize(("key", "text", "shown"), [
+    ("min_lr", ".nan", "nan"), ("warmup", "1e400", "inf"), ("layernorm_epsilon", "-.inf", "-inf"),
+    ("train_data_weights", "[1.0, .nan]", "[1.0, nan]"),
+])
+def test_a_number_that_is_not_finite_is_named_as_such(tmp_path, key, text, shown):
+    """Issue 42: `.nan` and `1e400` (which YAML reads as inf) got "expected float, got nan (float)"."""
+    path = tmp_path / "numbers.yml"
+    path.write_text(f"{key}: {text}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config([REPO / "configs" / "demo.yml", path])
+    assert f"{key}: {shown} is not a finite number; YAML reads .nan, .inf and numbers beyond about 1.8e308 " \
+           f"(such as 1e400) as these: give a finite value (from {path})" in str(error.value)
+
+
 def test_missing_required_key_is_named():
     config_error("num_layers is required", {k: v for k, v in MINIMAL.items() if k != "num_layers"})
 
@@ -419,6 +433,18 @@ def test_inactive_keys_report_only_changed_values():
     assert inactive_keys(nccl, "cuda") == []
 
 
+def test_pattention_keys_of_a_dense_transformer_are_named_as_inactive():
+    """Issue 42: model_type transformer trained with slot counts and Θ set, without the note other keys get."""
+    dense = Config.from_dict({**MINIMAL, "model_type": "transformer", "norm_activation_type": "softmax",
+                              "pattention_impl": "flash"})
+    reported = dict(inactive_keys(dense, "cuda"))
+    assert list(reported) == ["qkv_slot_num", "proj_slot_num", "ffn_slot_num", "norm_activation_type",
+                              "pattention_impl"]
+    assert set(reported.values()) == {"model_type transformer has no Pattention layers (its projections are "
+                                      "linear), so the Pattention keys do not apply"}
+    assert inactive_keys(Config.from_dict({**MINIMAL, "norm_activation_type": "softmax"}), "cuda") == []
+
+
 def test_triton_tiles_on_a_cpu_are_named_as_slow():
     cfg = load_config([REPO / "configs" / "demo.yml"], ["pattention_impl=flash", "flash_backend=triton"])
     [(key, why)] = slow_keys(cfg, "cpu")
@@ -461,3 +487,19 @@ def test_flow_style_without_a_space_after_the_colon_says_so(tmp_path, text, line
                                 f"with no value: YAML needs a space after the colon ({{{name}: {value}}})")
     path.write_text(text.replace(":true", ": true").replace(":0.1", ": 0.1"))
     load_config([REPO / "configs" / "demo.yml", path])
+
+
+def test_yaml_merge_keys_are_read_and_real_keys_given_twice_still_refused(tmp_path):
+    """Issue 42: `<<: *base` (YAML 1.1, read by PyYAML's safe loader) was refused as "not valid YAML"; the merged
+    keys give way to the mapping's own, as YAML says, and a real key given twice is still named."""
+    path = tmp_path / "merge.yml"
+    cfg = load_config([REPO / "configs" / "demo.yml"],
+                      ["optimizer={type: Adam, params: {<<: {lr: 0.1, eps: 1.0e-6}, lr: 0.002}}"])
+    assert cfg.optimizer["params"] == {"lr": 0.002, "eps": 1.0e-6}
+    path.write_text("optimizer:\n  type: Adam\n  params: {<<: {lr: 0.001, betas: [0.9, 0.95]}, eps: 1.0e-8}\n")
+    cfg = load_config([REPO / "configs" / "demo.yml", path])
+    assert cfg.optimizer["params"] == {"lr": 0.001, "betas": [0.9, 0.95], "eps": 1.0e-8}
+    path.write_text("optimizer:\n  type: Adam\n  params: {<<: {lr: 0.001}, eps: 1.0e-8,\n           eps: 1.0e-6}\n")
+    with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML: key 'eps' is given twice, on "
+                                          "lines 3 and 4; keep one of them"):
+        load_config([path])

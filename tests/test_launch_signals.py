@@ -125,8 +125,10 @@ def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path, hostfile)
     launcher.communicate(timeout=60)
 
 
-def test_processes_a_stopped_rank_started_end_with_the_run(demo_data, tmp_path):
-    """Issue 30: a start stopped while DeepSpeed compiled its op left the compiler running as an orphan."""
+def test_a_stop_during_start_up_says_so_exits_130_and_ends_what_the_ranks_started(demo_data, tmp_path):
+    """Issue 30: a start stopped while DeepSpeed compiled its op left the compiler running as an orphan. Issue 42:
+    the stop was reported as a failure ("the launcher exited 241 ... killed by SIGTERM") and the compilers ran on
+    for 75 s. The ranks here catch no signal, as ranks still starting do not."""
     pids = tmp_path / "children"
     command = [sys.executable, "deepy.py", "tests/scripts/rank_check.py", TINY, *data_overrides(demo_data),
                f"master_port={free_port()}"]
@@ -138,9 +140,13 @@ def test_processes_a_stopped_rank_started_end_with_the_run(demo_data, tmp_path):
         time.sleep(0.2)
     children = [psutil.Process(int(pid)) for pid in pids.read_text().split()]
     launcher.send_signal(signal.SIGINT)
-    launcher.communicate(timeout=120)
+    stopped = time.monotonic()
+    _, errors = launcher.communicate(timeout=120)
     _, alive = psutil.wait_procs(children, timeout=5)
-    assert not alive
+    assert not alive and time.monotonic() - stopped < 30
+    assert launcher.returncode == 130, errors
+    assert errors.splitlines()[-1] == ("deepy.py: tests/scripts/rank_check.py stopped at your request (SIGINT) while "
+                                       "its ranks were starting, before they could save a checkpoint")
 
 
 def test_two_runs_started_together_on_one_port_never_mix(demo_data, tmp_path):

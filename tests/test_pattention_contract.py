@@ -444,3 +444,67 @@ def test_train_grow_and_train_on_with_a_rebuilt_optimizer(impl):
     losses = train(torch.optim.Adam(layer.parameters(), lr=1e-2), 20)
     assert layer.key_param_tokens.grad.shape == (20, 8) and layer.key_param_tokens.grad[10:].abs().sum() > 0
     assert not torch.equal(layer.key_param_tokens[10:], new_keys) and losses[-1] < losses[0]
+
+
+# --- Arguments and input checked at the boundary (issue 42) ---------------------------------------------
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((32, 16, 0), "Pattention(n=0): must be a positive int (the number of parameter tokens)"),
+    ((-4, 16, 8), "Pattention(d_in=-4): must be a positive int (the width of the input)"),
+    ((32, 16.0, 8), "Pattention(d_out=16.0): must be a positive int (the width of the output), not a float"),
+    ((32, True, 8), "Pattention(d_out=True): must be a positive int (the width of the output), not a bool"),
+    ((32, 16, 8.5), "Pattention(n=8.5): must be a positive int (the number of parameter tokens), not a float"),
+])
+def test_sizes_that_are_not_positive_ints_are_refused_naming_the_argument(args, message):
+    """Pattention(32, 16, 0) was accepted and learned nothing (fused's backward divided by zero); floats, bools
+    and negative sizes ended in torch errors 9-11 frames deep."""
+    with pytest.raises((ValueError, TypeError)) as error:
+        Pattention(*args)
+    assert str(error.value) == message
+
+
+def test_grow_takes_an_int():
+    layer = Pattention(8, 6, 10)
+    with pytest.raises(TypeError) as error:
+        layer.grow(20.0)
+    assert str(error.value) == "grow(new_count=20.0): must be an int (the new number of parameter tokens), not a float"
+
+
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_input_that_does_not_fit_the_layer_gets_one_error_naming_it(impl, backend):
+    layer = Pattention(8, 6, 10, impl=impl, flash_backend=backend)
+    cases = [
+        (torch.randn(4, 5), ValueError, "Pattention input: the last dimension is 5 (shape [4, 5]) but d_in is 8; "
+                                        "the input must be [..., 8]"),
+        (torch.tensor(1.0), ValueError, "Pattention input: a 0-dim tensor; the input must be [..., 8]"),
+        (torch.randn(4, 8).numpy(), TypeError, "Pattention input: a numpy.ndarray, not a torch.Tensor; convert it "
+                                               "with torch.from_numpy(x) (and .float())"),
+        (torch.ones(4, 8, dtype=torch.int64), TypeError, "Pattention input: torch.int64, but the layer computes in "
+                                                         "torch.float32; cast it with x.to(torch.float32)"),
+        (torch.ones(4, 8, dtype=torch.complex64), TypeError, "Pattention input: torch.complex64, but the layer "
+                                                             "computes in torch.float32; cast it with "
+                                                             "x.to(torch.float32)"),
+        (torch.randn(4, 8, dtype=torch.float64), TypeError, "Pattention input: torch.float64, but the layer computes "
+                                                            "in torch.float32; cast it with x.to(torch.float32), the "
+                                                            "layer with layer.to(torch.float64), or run it under "
+                                                            "torch.autocast"),
+    ]
+    for x, kind, message in cases:
+        with pytest.raises(kind) as error:
+            layer(x)
+        assert str(error.value) == message
+
+
+@pytest.mark.parametrize("impl, backend", IMPLS, ids=IMPL_IDS)
+def test_under_autocast_the_layer_computes_in_its_dtype_as_linear_does(impl, backend):
+    """nn.Linear users expect autocast to cast input and weights; plain did, fused ignored it, flash failed."""
+    torch.manual_seed(0)
+    layer = Pattention(8, 6, 10, impl=impl, flash_backend=backend)
+    x = torch.randn(4, 8)
+    for given in (torch.float32, torch.float64, torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x.to(given))
+        assert y.dtype == torch.bfloat16
+        torch.testing.assert_close(y.float(), layer(x), rtol=0.05, atol=0.02)
+        y.float().sum().backward()
+        assert layer.key_param_tokens.grad.dtype == torch.float32 and layer.key_param_tokens.grad.abs().sum() > 0

@@ -35,6 +35,12 @@ LATEST = "latest"
 CHECKPOINT_TAG = re.compile(r"^global_step(\d+)$")
 
 
+def is_tag_name(name: str) -> bool:
+    """Whether `name`, as read from `latest`, can name a checkpoint: one directory name inside the save directory,
+    not a path leading elsewhere (`../other_run/global_step5`, `/etc`)."""
+    return name not in ("", ".", "..") and Path(name).name == name
+
+
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written; the previous one is untouched."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import importlib
 import pickle
+import zipfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -60,20 +61,29 @@ def load_checkpoint_file(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-def unpickling_problems(directory: Path, name: str) -> list[str]:
-    """Why `name` must not be unpickled ([] if it is safe, or not a torch file at all)."""
-    if not name.endswith(".pt"):
-        return []
+def _is_legacy_torch_file(path: Path) -> bool:
+    """torch.save's format before torch 1.6 (or with _use_new_zipfile_serialization=False): bare pickles, no zip."""
+    with open(path, "rb") as stream:
+        return stream.read(2) == b"\x80\x02" and not zipfile.is_zipfile(path)
+
+
+def torch_file_problems(path: Path) -> list[str]:
+    """Why the torch file `path` must not be unpickled, naming it ([] if it is safe)."""
+    name = path.name
     try:
-        unexpected = set(torch.serialization.get_unsafe_globals_in_checkpoint(directory / name))
+        unexpected = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     except (RuntimeError, ValueError, OSError) as error:
+        if path.is_file() and _is_legacy_torch_file(path):
+            return [f"{name} is in torch's legacy format (saved before torch 1.6), whose pickle cannot be screened "
+                    "without running it: if you trust it, load it with torch.load(weights_only=False) and torch.save "
+                    "it again (megatron/checkpoint/safety.py)"]
         reason = (str(error) or type(error).__name__).splitlines()[0]
         return [f"{name} is not a readable torch file (truncated or corrupted): {reason}"]
     unexpected -= DEEPSPEED_CHECKPOINT_CLASSES
     if unexpected == {ENUM_LOOKUP}:
         # The same bytes unpickle the same calls: if each getattr is an enum lookup here, it is one in DeepSpeed's load.
         try:
-            load_checkpoint_file(directory / name)
+            load_checkpoint_file(path)
             unexpected = set()
         except (pickle.UnpicklingError, RuntimeError, ValueError, OSError):
             pass
@@ -81,6 +91,11 @@ def unpickling_problems(directory: Path, name: str) -> list[str]:
         return [f"{name} refers to {', '.join(sorted(unexpected))}, which loading would run; a checkpoint holds "
                 "only tensors and DeepSpeed's checkpoint classes (megatron/checkpoint/safety.py)"]
     return []
+
+
+def unpickling_problems(directory: Path, name: str) -> list[str]:
+    """Why checkpoint file `name` must not be unpickled ([] if it is safe, or not a torch file at all)."""
+    return torch_file_problems(directory / name) if name.endswith(".pt") else []
 
 
 def load_weights_only(path: Path) -> Any:

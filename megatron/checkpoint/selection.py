@@ -5,7 +5,8 @@ SHA-256) and the screening of its pickles (safety.py), with the files
 shared over all ranks. If it fails, the newest checkpoint that passes is used,
 with a warning naming what was skipped and why; if none passes, the run stops
 listing every problem rather than silently starting from scratch. Interrupted
-saves (`.tmp-` directories) are reported as skipped.
+saves (`.tmp-` directories) are reported as skipped, and so is a `latest` naming a
+path outside the directory (a tag is a directory name in it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from megatron.checkpoint.commit import CHECKPOINT_TAG, LATEST, STAGING_PREFIX
+from megatron.checkpoint.commit import CHECKPOINT_TAG, LATEST, STAGING_PREFIX, is_tag_name
 from megatron.checkpoint.manifest import FileRecord, checkpoint_files, file_problems, read_manifest
 from megatron.checkpoint.safety import CheckpointRefused, unpickling_problems
 from megatron.checkpoint.work_split import is_rank_0, map_over_ranks, same_on_all_ranks
@@ -42,8 +43,16 @@ def _newest_first(load_dir: Path) -> list[str]:
     return named + [tag for _, tag in steps if tag not in named]
 
 
-def _one_file_problems(directory: Path, records: dict[str, FileRecord], name: str) -> list[str]:
-    return (file_problems(directory, records[name]) if name in records else []) or unpickling_problems(directory, name)
+def holds_checkpoints(directory: Path) -> bool:
+    """Whether `directory` is a save directory with something to resume or to report: `latest`, a global_stepN,
+    or an interrupted save."""
+    return directory.is_dir() and ((directory / LATEST).is_file() or any(
+        CHECKPOINT_TAG.match(p.name.removeprefix(STAGING_PREFIX)) for p in directory.iterdir() if p.is_dir()))
+
+
+def _one_file_problems(directory: Path, records: dict[str, FileRecord], name: str, hashed: bool = True) -> list[str]:
+    return ((file_problems(directory, records[name], hashed=hashed) if name in records else [])
+            or unpickling_problems(directory, name))
 
 
 def _inventory(directory: Path) -> tuple[dict[str, FileRecord], list[str]] | str:
@@ -58,13 +67,22 @@ def _inventory(directory: Path) -> tuple[dict[str, FileRecord], list[str]] | str
 
 
 def present_file_problems(directory: Path) -> list[str]:
-    """Why `directory` cannot be resumed from as far as file names and sizes tell, without reading the files:
-    what deepy.py checks before any process starts."""
+    """Why `directory` cannot be resumed from as far as file names and sizes tell, without reading the files."""
     inventory = _inventory(directory)
     if isinstance(inventory, str):
         return [inventory]
     records, _ = inventory
     return [problem for record in records.values() for problem in file_problems(directory, record, hashed=False)]
+
+
+def screened_file_problems(directory: Path) -> list[str]:
+    """present_file_problems, and every pickle screened (safety.py) without hashing: what deepy.py checks before
+    any process starts, so that a file the ranks would refuse stops the launch instead."""
+    inventory = _inventory(directory)
+    if isinstance(inventory, str):
+        return [inventory]
+    records, names = inventory
+    return [problem for name in names for problem in _one_file_problems(directory, records, name, hashed=False)]
 
 
 def checkpoint_problems(directory: Path) -> list[str]:
@@ -87,6 +105,10 @@ def newest_usable_tag(load_dir: str | None,
     candidates = same_on_all_ranks(_newest_first(directory))
     skipped = [f"{p.name}: an interrupted save" for p in sorted(directory.glob(f"{STAGING_PREFIX}global_step*"))]
     for tag in candidates:
+        if not is_tag_name(tag):
+            skipped.append(f"{tag}: `{LATEST}` names it, but a checkpoint is a directory inside {directory} (such as "
+                           "global_step5), not a path elsewhere; not followed")
+            continue
         problems = problems_of(directory / tag)
         if not problems:
             return tag, skipped
@@ -107,6 +129,8 @@ def resume_tag(load_dir: str | None) -> str | None:
     if tag is None:
         if skipped:
             _warn(f"no complete checkpoint in {directory}; starting from scratch. Skipped:\n  " + "\n  ".join(skipped))
+        elif load_dir and is_rank_0():
+            print(f"load={directory} holds no checkpoint yet: this run starts at iteration 0", flush=True)
         return None
     if skipped:
         _warn(f"resuming from {tag} in {directory}; skipped:\n  " + "\n  ".join(skipped))

@@ -22,14 +22,27 @@ def _backend_on_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:
     return []
 
 
+# The keys of a TokenFormer's Pattention layers, which the dense baseline (model_type: transformer) does not have.
+PATTENTION_KEYS = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num", "norm_activation_type", "pattention_tau",
+                   "pattention_impl", "flash_backend")
+
+
+def _pattention_keys_of_a_dense_model(cfg: Config) -> list[tuple[str, str]]:
+    if cfg.model_type != "transformer":
+        return []
+    reason = "model_type transformer has no Pattention layers (its projections are linear), so the Pattention keys " \
+             "do not apply"
+    return [(name, reason) for name in PATTENTION_KEYS if getattr(cfg, name) != SCHEMA[name].default]
+
+
 def inactive_keys(cfg: Config, device_name: str) -> list[tuple[str, str]]:
-    """(key, reason) for every key set to a value that has no effect on this device."""
+    """(key, reason) for every key set to a value that has no effect on this device or this kind of model."""
     unused = [
         (key.name, key.inactive)
         for key in SCHEMA.values()
         if key.inactive and getattr(cfg, key.name) != key.default
     ]
-    return unused + _backend_on_cpu(cfg, device_name)
+    return unused + _pattention_keys_of_a_dense_model(cfg) + _backend_on_cpu(cfg, device_name)
 
 
 def slow_keys(cfg: Config, device_name: str) -> list[tuple[str, str]]:

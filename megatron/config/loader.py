@@ -44,13 +44,19 @@ class _NoSpaceAfterColon(yaml.YAMLError):
                          f"colon ({{{name}: {value}}})")
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _ConfigYamlLoader(yaml.SafeLoader):
     """SafeLoader that also reads exponent-only numbers like 1e-5 as floats, and refuses a key given twice in
-    one mapping (PyYAML keeps the last one silently) and a flow-style `{key:value}` (one key, no value)."""
+    one mapping (PyYAML keeps the last one silently) and a flow-style `{key:value}` (one key, no value). Merge
+    keys (`<<: *base`) are flattened by SafeLoader: the keys they bring may be given again, as YAML intends."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         lines: dict[str, int] = {}
         for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
                 continue  # normalize_keys names a key that is not a string

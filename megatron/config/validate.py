@@ -70,10 +70,19 @@ def _is_instance(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
+def _not_finite(key: Key, value: Any) -> bool:
+    """A float key (or list of floats) holding nan or ±inf, as YAML reads .nan, .inf and 1e400."""
+    items = value if key.item is float and isinstance(value, list) else [value] if key.type is float else []
+    return any(isinstance(item, float) and not math.isfinite(item) for item in items)
+
+
 def _key_problem(key: Key, value: Any) -> str | None:
     """What is wrong with one value on its own, or None."""
     if value is None:
         return None if key.default is None else f"expected {_type_name(key)}, got null"
+    if _not_finite(key, value):
+        return (f"{value!r} is not a finite number; YAML reads .nan, .inf and numbers beyond about 1.8e308 (such as "
+                "1e400) as these: give a finite value")
     if not _is_instance(value, key.type) or (  # `item`: a list's elements, a mapping's values
         key.item and not all(_is_instance(item, key.item) for item in (value.values() if key.type is dict else value))
     ):

@@ -7,6 +7,7 @@ import numpy as np
 from megatron.data.blendable_dataset import BlendableDataset, blended_sample_counts
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.sample_index import num_epochs_needed
 
 SPLIT_NAMES = ("train", "valid", "test")
 Dataset = GPT2Dataset | BlendableDataset
@@ -49,18 +50,44 @@ def train_split_problem(data_path: str, split: str, documents: int) -> str | Non
             f"give train a share of split (e.g. \"969,30,1\") or use a dataset with more documents")
 
 
+def _train_split_tokens(split: str, sizes: np.ndarray) -> tuple[int, int]:
+    """The train split's documents and tokens, of documents of `sizes` tokens."""
+    train_end = get_train_valid_test_split(split, len(sizes))[1]
+    return train_end, int(np.sum(sizes[:train_end], dtype=np.int64))
+
+
 def train_split_shortfall(data_path: str, split: str, sizes: np.ndarray, batch_sequences: int,
                           seq_length: int) -> str | None:
     """The error of a train split with fewer tokens than one global batch of sequences reads (so that every
     batch would repeat the same text); None if it has enough. `sizes`: every document's token count."""
-    train_end = get_train_valid_test_split(split, len(sizes))[1]
-    tokens = int(np.sum(sizes[:train_end], dtype=np.int64))
+    train_end, tokens = _train_split_tokens(split, sizes)
     needed = batch_sequences * seq_length + 1
     if tokens >= needed:
         return None
     return (f"data_path = {data_path!r} with split = {split!r} leaves the train split {train_end} documents of "
             f"{tokens:,} tokens, fewer than one global batch reads ({batch_sequences} sequences of {seq_length} "
             f"tokens: {needed:,}); give train a larger share of split or use a dataset with more text")
+
+
+# Beyond about four epochs, repeated text adds little over fresh text (Muennighoff et al., "Scaling
+# Data-Constrained Language Models", 2023): more repeats than this get a note before launch.
+NOTED_EPOCHS = 4
+
+
+def train_split_repeats(data_path: str, split: str, sizes: np.ndarray, iterations: int, batch_sequences: int,
+                        seq_length: int) -> str | None:
+    """A note on a train split that `iterations` global batches read more than NOTED_EPOCHS times (as the
+    dataset's epochs count them); None otherwise. Not an error: repeating a small corpus can be meant."""
+    train_end, tokens = _train_split_tokens(split, sizes)
+    if tokens == 0:
+        return None  # train_split_problem names it
+    epochs = num_epochs_needed(tokens, seq_length, iterations * batch_sequences)
+    if epochs <= NOTED_EPOCHS:
+        return None
+    return (f"data_path = {data_path!r} with split = {split!r} gives the train split {train_end} documents of "
+            f"{tokens:,} tokens, which train_iters = {iterations} reads {epochs} times ({iterations} x "
+            f"{batch_sequences} sequences of {seq_length} tokens); if that is not intended, give train a larger "
+            "share of split or use more text")
 
 
 def build_train_valid_test_datasets(

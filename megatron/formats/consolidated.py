@@ -2,7 +2,8 @@
 sharded form with an `*.index.json` that DeepSpeed's zero_to_fp32 and Hugging Face write for large models.
 
 Loading is safe for untrusted files: torch.load(weights_only=True), which unpickles tensors and plain
-containers only, or safetensors, which holds no code at all. Each weights file may have its resolved
+containers only, or safetensors, which holds no code at all; a file that cannot be read is one
+CheckpointUnreadable naming it and why. Each weights file may have its resolved
 config beside it as `config.json` (the JSON `Config.to_json()` writes, also saved in every checkpoint).
 """
 
@@ -18,10 +19,12 @@ from torch import Tensor
 
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config, load_config
-from megatron.formats.deepspeed.files import tag_directory
+from megatron.formats.deepspeed.files import CheckpointUnreadable, reading_weights, tag_directory
 from megatron.model.args import ARCHITECTURE_KEYS
 
 CONFIG_NAME = "config.json"
+# How a reader asks for the config that weights without one need: load_model's argument, the tools' option.
+PASS_CONFIG = "pass config= (load_model) or --config (tools/*.py)"
 TORCH_WEIGHTS = "pytorch_model.bin"
 SAFETENSORS_WEIGHTS = "model.safetensors"
 
@@ -30,8 +33,10 @@ def _read_one(path: Path) -> dict[str, Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(path)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+        with reading_weights(path):
+            return load_file(path)
+    with reading_weights(path):
+        state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise ValueError(f"{path} is not a state dict (a mapping of names to tensors); "
                          "pass a consolidated weights file, e.g. one written by tools/export_checkpoint.py")
@@ -46,11 +51,12 @@ def weight_names(path: Path) -> list[str]:
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 
-        with safe_open(path, "pt") as weights:
+        with reading_weights(path), safe_open(path, "pt") as weights:
             return list(weights.keys())
     try:
-        return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
-    except RuntimeError:  # not a zip file (torch's legacy format): no memory map
+        with reading_weights(path):
+            return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    except CheckpointUnreadable:  # perhaps torch's legacy format, which cannot be memory-mapped: read whole
         return list(_read_one(path))
 
 
@@ -177,7 +183,7 @@ def choose_config(saved: Path, given: Config | str | Path | None, weights: Path)
     saved_config = read_config(saved) if saved.is_file() else None
     given_config = read_config(given) if isinstance(given, (str, Path)) else given
     if given_config is None and saved_config is None:
-        raise FileNotFoundError(f"{weights} has no {CONFIG_NAME} beside it; pass config= (the run's YAML or the "
+        raise FileNotFoundError(f"{weights} has no {CONFIG_NAME} beside it; {PASS_CONFIG} (the run's YAML or the "
                                 f"{CONFIG_NAME} of the checkpoint it came from)")
     if given_config is not None and saved_config is not None:
         different = [f"{key}: saved {getattr(saved_config, key)!r}, given {getattr(given_config, key)!r}"

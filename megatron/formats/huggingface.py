@@ -40,6 +40,7 @@ from megatron.config import Config
 from megatron.formats import gpt_neox
 from megatron.formats.consolidated import (
     CONFIG_NAME,
+    PASS_CONFIG,
     read_config,
     read_weights,
     weights_in_directory,
@@ -311,7 +312,7 @@ def read(path: Path, config: Config | str | Path | None) -> tuple[dict[str, Tens
     """The canonical state of a model directory, and `config` (a run's: the directory has none), which must
     describe the directory's architecture."""
     if config is None:
-        raise ValueError(f"{path} is a Hugging Face model directory, which holds no run config: pass config= (the "
+        raise ValueError(f"{path} is a Hugging Face model directory, which holds no run config: {PASS_CONFIG} (the "
                          "YAML of the run it came from, or of one to train it on)")
     state, hf_config = read_hf_directory(path)
     vocab = state["word_embeddings.weight"].shape[0]

@@ -5,11 +5,15 @@ traceback per rank.
 - the tokenizer loads (a vocab_file that is not a tokenizer is named), giving the padded vocabulary;
 - every dataset: headers, sizes, documents, token ids within the vocabulary (megatron/data/dataset_check.py),
   and that `split` gives the train part of data_path a share and at least one global batch of text;
-- the checkpoint a training run resumes from: files present, its layout and every tensor against the model
-  (megatron/formats/deepspeed/compatibility.py);
+- `load` holds checkpoints, or is `save` with nothing there yet (load_check.py);
+- the checkpoint a training run resumes from: files present, pickles screened (megatron/checkpoint/safety.py), its
+  layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
-  machine, can be written (or created);
+  machine, it and log_dir (generate.py: sample_output_file's folder) can be written (or created);
 - on a launch from this machine, master_port is free.
+
+`preflight_notes` says what is allowed but likely unintended: a train split that training reads many times;
+`nothing_left_to_train`, that a run need not start: its checkpoint already reached train_iters.
 """
 
 from __future__ import annotations
@@ -17,16 +21,17 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from megatron.checkpoint.safety import CheckpointRefused
+from megatron.checkpoint.safety import CheckpointRefused, load_checkpoint_file
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
-from megatron.checkpoint.selection import newest_usable_tag
+from megatron.checkpoint.selection import newest_usable_tag, screened_file_problems
 from megatron.config import Config
 from megatron.config.eval_tasks import eval_task_problems
 from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
-from megatron.data.data_utils import train_split_problem, train_split_shortfall
+from megatron.data.data_utils import train_split_problem, train_split_repeats, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
 from megatron.formats.consolidated import weights_location_problem
+from megatron.formats.deepspeed.files import MODEL_FILE, files_by_rank
 from megatron.formats.deepspeed.compatibility import (
     architecture_problems,
     holds_weights_only,
@@ -34,6 +39,7 @@ from megatron.formats.deepspeed.compatibility import (
     tensor_problems,
 )
 from megatron.launch.hosts import is_local_host
+from megatron.launch.load_check import load_problem
 from megatron.launch.ports import is_free, master_port
 from megatron.launch.resources import Slots, world_size
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
@@ -51,7 +57,7 @@ def _padded_vocabulary(cfg: Config) -> tuple[int | None, list[str]]:
 
 def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
     try:
-        tag, _ = newest_usable_tag(cfg.load)
+        tag, _ = newest_usable_tag(cfg.load, screened_file_problems)  # so that nothing below unpickles it
     except CheckpointRefused as error:
         return [str(error)]
     if tag is None:
@@ -63,6 +69,23 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
     # A frozen run whose checkpoint was saved with another freeze loads weights only: any data-parallel size.
     return (layout_problems(tag_dir, cfg, None if cfg.freeze_old_param_tokens else data_parallel)
             or tensor_problems(tag_dir, cfg, vocabulary) or architecture_problems(tag_dir, cfg))
+
+
+def nothing_left_to_train(cfg: Config) -> str | None:
+    """Why a training run that passed preflight_problems would stop as soon as it started: the checkpoint it
+    resumes already reached train_iters (launched, it would only say so, after start-up); None otherwise."""
+    if cfg.eval_only or not cfg.load or Path(cfg.user_script or "train.py").name in INFERENCE_SCRIPTS:
+        return None
+    tag, _ = newest_usable_tag(cfg.load, screened_file_problems)
+    if tag is None or holds_weights_only(Path(cfg.load) / tag):  # weights only: a start at iteration 0
+        return None
+    tag_dir = Path(cfg.load) / tag
+    iteration = load_checkpoint_file(files_by_rank(tag_dir, MODEL_FILE)[(0,)]).get("iteration", 0)
+    if iteration < cfg.train_iters:
+        return None
+    return (f"nothing to train: the checkpoint this run resumes ({tag_dir}) is at iteration {iteration} and "
+            f"train_iters = {cfg.train_iters}; raise train_iters (and lr_decay_iters, for a longer schedule) to train "
+            "on, or set eval_only=true to evaluate it")
 
 
 def launches_here(cfg: Config, slots: Slots) -> bool:
@@ -79,26 +102,57 @@ def _master_port_problem(cfg: Config, slots: Slots) -> list[str]:
     return []
 
 
-def _save_directory_problems(save: str) -> list[str]:
-    """A save directory the ranks could not write into: read-only, without permission, or under a file."""
-    path = Path(save).absolute()
+def _cannot_write_in(folder: Path) -> str | None:
+    """Why no file can be created in the existing directory `folder`; None if one can."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return error.strerror
+    return None
+
+
+def _directory_problems(key: str, value: str, what: str) -> list[str]:
+    """A directory (`key` = `value`) the ranks create and write into but could not: read-only, without
+    permission, or under a file; `what` it is, for the fix."""
+    path = Path(value).absolute()
     existing = next(folder for folder in (path, *path.parents) if folder.exists())
     where = "" if existing == path else f" ({existing}, where it would be created)"
     if not existing.is_dir():
-        return [f"save = {save}: cannot be a directory{where}: {existing} is a file; choose another save directory"]
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as error:
-        return [f"save = {save}: not writable{where}: {error.strerror}; choose a writable save directory or fix its "
-                "permissions"]
+        return [f"{key} = {value}: cannot be a directory{where}: {existing} is a file; choose another {what}"]
+    reason = _cannot_write_in(existing)
+    if reason:
+        return [f"{key} = {value}: not writable{where}: {reason}; choose a writable {what} or fix its permissions"]
     return []
+
+
+def _output_file_problems(cfg: Config) -> list[str]:
+    """generate.py's sample_output_file, which rank 0 opens for writing in a folder that must exist."""
+    path = Path(cfg.sample_output_file)
+    if path.is_dir():
+        return [f"sample_output_file = {path} is a directory; name a file in it, e.g. {path / 'samples.jsonl'}"]
+    folder = path.absolute().parent
+    existing = next(parent for parent in (folder, *folder.parents) if parent.exists())
+    if existing != folder or not folder.is_dir():
+        why = f"{existing} is a file" if existing.is_file() else "it does not exist"
+        return [f"sample_output_file = {path}: its folder {folder} cannot hold it: {why}; choose another "
+                "sample_output_file (or create the folder)"]
+    reason = _cannot_write_in(folder)
+    if reason:
+        return [f"sample_output_file = {path}: its folder {folder} is not writable: {reason}; choose another "
+                "sample_output_file or fix the folder's permissions"]
+    return []
+
+
+def _trains_on_a_split(cfg: Config) -> bool:
+    """Whether the run trains on the train part of data_path's `split` (not on train_data_paths)."""
+    return not cfg.train_data_paths and bool(cfg.data_path) and not cfg.eval_only and cfg.train_iters > 0
 
 
 def _split_problems(cfg: Config) -> list[str]:
     """A `split` that gives training no documents of data_path, or too little text for one global batch (counted
     from its index)."""
-    if cfg.train_data_paths or not cfg.data_path or cfg.eval_only or cfg.train_iters <= 0:
+    if not _trains_on_a_split(cfg):
         return []
     idx_path = index_file_path(cfg.data_path)
     try:
@@ -114,15 +168,32 @@ def _split_problems(cfg: Config) -> list[str]:
     return [problem] if problem else []
 
 
-def _inference_problems(cfg: Config) -> list[str]:
-    """generate.py's and eval.py's inputs: weights that can be loaded, prompts, lm-eval task names."""
+def preflight_notes(cfg: Config) -> list[str]:
+    """What deepy.py tells a training run before launch without refusing it: a train split read many times."""
+    if not _trains_on_a_split(cfg) or not cfg.train_batch_size:
+        return []
+    idx_path = index_file_path(cfg.data_path)
+    try:
+        note = train_split_repeats(cfg.data_path, cfg.split, sequence_sizes(idx_path, read_index_header(idx_path)),
+                                   cfg.train_iters, cfg.train_batch_size, cfg.seq_length)
+    except (OSError, IndexedDatasetError, ValueError):
+        return []  # preflight_problems names it
+    return [note] if note else []
+
+
+def _inference_problems(cfg: Config, slots: Slots) -> list[str]:
+    """generate.py's and eval.py's inputs: weights that can be loaded, prompts, lm-eval task names, and where
+    generate.py writes its samples (on a launch from this machine)."""
     problems = []
     weights = cfg.eval_ckpt or cfg.load
     problem = weights_location_problem(weights) if weights else None
     if problem:
         problems.append(f"{'eval_ckpt' if cfg.eval_ckpt else 'load'}: {problem}")
-    if Path(cfg.user_script or "").name == "eval.py" and cfg.eval_tasks:
+    script = Path(cfg.user_script or "").name
+    if script == "eval.py" and cfg.eval_tasks:
         problems += eval_task_problems(cfg.eval_tasks, cfg.eval_include_path)
+    if script == "generate.py" and launches_here(cfg, slots):
+        problems += _output_file_problems(cfg)
     return problems
 
 
@@ -135,13 +206,19 @@ def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
                      for problem in dataset_problems(key, prefix, vocabulary)] or _split_problems(cfg)
         if cfg.save and not cfg.eval_only:
             if launches_here(cfg, slots):
-                problems += _save_directory_problems(cfg.save)
+                problems += _directory_problems("save", cfg.save, "save directory")
             try:
                 check_save_directory_free(cfg.save)
             except SaveDirectoryInUse as error:
                 problems.append(str(error))
-        if cfg.load and vocabulary is not None:
-            problems += _resume_problems(cfg, vocabulary, world_size(slots))
+        if cfg.log_dir and launches_here(cfg, slots):
+            problems += _directory_problems("log_dir", cfg.log_dir, "log_dir")
+        if cfg.load:
+            problem = load_problem(cfg)
+            if problem:
+                problems.append(problem)
+            elif vocabulary is not None:
+                problems += _resume_problems(cfg, vocabulary, world_size(slots))
     else:
-        problems += _inference_problems(cfg)
+        problems += _inference_problems(cfg, slots)
     return problems + _master_port_problem(cfg, slots)

@@ -9,7 +9,9 @@ Ranks on other hosts get it from the launcher (SIGTERM to srun or mpirun is forw
 SIGTERM to DeepSpeed's runner itself ends the runner only; deepy.py, the subreaper of its descendants, then
 finds the ranks orphaned, passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is
 seen by the ranks here (megatron/host/orphan_watch.py). When the job fails, the rank DeepSpeed's launcher saw end
-first, and how, is named as the cause.
+first, and how, is named as the cause; when it fails because the stop reached ranks still starting (before
+they catch it), deepy.py says it stopped as asked and exits 128+N (130 for Ctrl-C). Whatever outlives the
+ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from megatron.host.orphan_watch import VARIABLE as ORPHAN_VARIABLE
 from megatron.host.orphan_watch import launcher_identity
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# How long a runner whose ranks ended may take to exit before what is left is ended.
+RUNNERS_GRACE_SECONDS = 5
 # DeepSpeed's per-node launcher, when a rank ends badly, kills the others and logs the first one it saw end:
 #   [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...] exits with
 #   return code = -9   (one line)
@@ -43,6 +47,7 @@ class FirstRankToEnd:
 
     def __init__(self, stdout, stderr) -> None:
         self.found: str | None = None
+        self.code: int | None = None  # its exit code (-N: killed by signal N)
         self._threads = [threading.Thread(target=self._forward, args=(stream, target), daemon=True)
                          for stream, target in ((stdout, sys.stdout), (stderr, sys.stderr))]
         for thread in self._threads:
@@ -63,7 +68,8 @@ class FirstRankToEnd:
                 tail = (tail + chunk.decode("utf-8", "replace"))[-16384:]
                 match = FIRST_TO_END.search(tail)
                 if match:
-                    self.found = describe_end(int(match["rank"]), int(match["code"]), match["host"])
+                    self.code = int(match["code"])
+                    self.found = describe_end(int(match["rank"]), self.code, match["host"])
 
     def wait(self) -> str | None:
         for thread in self._threads:
@@ -146,7 +152,8 @@ def _stop(ranks: list[psutil.Process], reason: str) -> None:
 
 def run_launcher(command: list[str], script: str) -> int:
     """Run the launcher `command` of `script`'s ranks to its end; the exit code: the launcher's (128+N for a
-    signal N), or, if the launcher was killed and its ranks here stopped on their own, theirs."""
+    signal N), or, if the launcher was killed and its ranks here stopped on their own, theirs, or 128+N for a
+    stop signal N that ended ranks still starting."""
     _become_subreaper()
     # The ranks' output reaches deepy.py's through pipes (FirstRankToEnd): they are told whether a person reads it.
     environment = {ORPHAN_VARIABLE: launcher_identity(), "TOKENFORMER_STDERR_IS_A_TERMINAL": str(int(_is_a_terminal()))}
@@ -155,7 +162,10 @@ def run_launcher(command: list[str], script: str) -> int:
     first_to_end = FirstRankToEnd(launcher.stdout, launcher.stderr)
     this_process = psutil.Process()
 
+    requested: list[int] = []
+
     def stop(number: int, frame: object) -> None:
+        requested.append(number)
         ranks = _local_ranks(this_process, script)
         if ranks:
             _stop(ranks, f"{signal.Signals(number).name} received")
@@ -170,13 +180,22 @@ def run_launcher(command: list[str], script: str) -> int:
             _stop(orphans, f"the launcher was ended by {signal.Signals(-code).name}")
             gone, _ = psutil.wait_procs(orphans)
             code = next((p.returncode for p in gone if p.returncode), 0)
-        psutil.wait_procs(this_process.children(), timeout=60)  # runners left behind end with their ranks
+        # Ranks left behind by a killed runner end on their own, and their runners with them; what outlives them
+        # (a compiler a rank started, now deepy.py's child) is ended at once.
+        psutil.wait_procs(_local_ranks(this_process, script), timeout=60)
+        psutil.wait_procs(this_process.children(), timeout=RUNNERS_GRACE_SECONDS)
         _end_leftovers(this_process)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
     code = code if code >= 0 else 128 - code
     first = first_to_end.wait()
+    if code and requested and first_to_end.code in (None, -signal.SIGTERM):
+        # The stop reached ranks still starting (importing, compiling), before they could catch it and save.
+        name = signal.Signals(requested[0]).name
+        print(f"deepy.py: {script} stopped at your request ({name}) while its ranks were starting, before they "
+              "could save a checkpoint", file=sys.stderr, flush=True)
+        return 128 + requested[0]
     if code:
         cause = f"{first}; the errors of the other ranks follow from it" if first else (
             "the first error printed above is the cause")

@@ -8,8 +8,9 @@
                                                    tensor rank XX's block (the mp_rank files then hold
                                                    no weights)
 
-Weights are read with torch.load(weights_only=True). The optimizer shards (`*_optim_states.pt`) and
-rng_state files are never opened.
+Weights are read with torch.load(weights_only=True); a file that cannot be read so (a pickle referring to more
+than tensors, a corrupted file) is one CheckpointUnreadable naming it and why (checkpoint/safety.py). The
+optimizer shards (`*_optim_states.pt`) and rng_state files are never opened.
 
 `write_checkpoint` writes the single-stage layout: what DeepSpeed's engine.load_checkpoint reads for the
 weights, at iteration 0, without optimizer state (an inference checkpoint, e.g. converted official weights).
@@ -17,15 +18,19 @@ weights, at iteration 0, without optimizer state (an inference checkpoint, e.g. 
 
 from __future__ import annotations
 
+import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from megatron.checkpoint.commit import LATEST, is_tag_name
 from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.output_directory import require_new_or_empty
+from megatron.checkpoint.safety import torch_file_problems
 from megatron.config import Config
 from megatron.model.pipeline import model_parameter_name
 
@@ -33,11 +38,19 @@ MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
 
 
+class CheckpointUnreadable(ValueError):
+    """A source checkpoint that cannot be read: missing, incomplete, corrupted or not describing itself."""
+
+
 def tag_directory(path: Path) -> Path | None:
     """The `global_stepN` directory `path` is or whose `latest` names; None if `path` is neither."""
-    marker = path / "latest"
+    marker = path / LATEST
     if marker.is_file():
-        tag_dir = path / marker.read_text(encoding="utf-8").strip()
+        tag = marker.read_text(encoding="utf-8").strip()
+        if not is_tag_name(tag):
+            raise FileNotFoundError(f"{marker} names {tag!r}, which is not a checkpoint directory inside {path} (such "
+                                    "as global_step5); load that checkpoint by its own path if it is the one meant")
+        tag_dir = path / tag
         if not tag_dir.is_dir():
             raise FileNotFoundError(f"{marker} names {tag_dir.name!r}, but {tag_dir} does not exist")
         return tag_dir
@@ -46,8 +59,25 @@ def tag_directory(path: Path) -> Path | None:
     return None
 
 
+@contextmanager
+def reading_weights(path: Path) -> Iterator[None]:
+    """A weights file that cannot be read becomes one CheckpointUnreadable naming it: a damaged safetensors file,
+    a torch file that is corrupted, or whose pickle refers to more than tensors (checkpoint/safety.py's reason)."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as error:
+        raise CheckpointUnreadable(f"{path} is not a readable safetensors file (truncated or corrupted): {error}; "
+                                   "export the weights again") from None
+    except (pickle.UnpicklingError, RuntimeError) as error:
+        reasons = torch_file_problems(path) or [(str(error) or type(error).__name__).splitlines()[0]]
+        raise CheckpointUnreadable(f"{path} cannot be read: {'; '.join(reasons)}") from None
+
+
 def _load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    with reading_weights(path):
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def files_by_rank(tag_dir: Path, pattern: re.Pattern) -> dict[tuple[int, ...], Path]:
@@ -103,5 +133,5 @@ def write_checkpoint(shards: list[Mapping[str, Tensor]], config: Config, save_di
         }, tag_dir / f"mp_rank_{rank:02d}_model_states.pt")
     (tag_dir / "config.json").write_text(config.to_json(), encoding="utf-8")
     write_manifest(tag_dir, [record for name in checkpoint_files(tag_dir) for record in record_file(tag_dir, name)])
-    (save_dir / "latest").write_text(tag, encoding="utf-8")
+    (save_dir / LATEST).write_text(tag, encoding="utf-8")
     return tag_dir

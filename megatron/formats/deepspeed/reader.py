@@ -22,17 +22,13 @@ from torch import Tensor
 from megatron.checkpoint.parameter_state import ParameterState, as_fp32
 from megatron.checkpoint.selection import checkpoint_problems
 from megatron.config import Config
-from megatron.formats.deepspeed.files import tag_directory
+from megatron.formats.deepspeed.files import CheckpointUnreadable, tag_directory
 from megatron.formats.deepspeed.model_files import ModelFiles
 from megatron.formats.deepspeed.names import tokenformer_name
 from megatron.formats.deepspeed.optimizer_files import deepspeed_optimizer_state
 from megatron.formats.deepspeed.portable import PortableMoments, is_portable
 from megatron.formats.tensor_parallel import split_dimensions
 from megatron.model import TokenFormerArgs, TokenFormerModel
-
-
-class CheckpointUnreadable(ValueError):
-    """A source checkpoint that cannot be read: missing, incomplete, corrupted or not describing itself."""
 
 
 def _with_trailing(flat: Tensor, base: Tensor, what: str, *, zeros: bool = False) -> Tensor:

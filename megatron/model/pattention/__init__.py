@@ -7,6 +7,7 @@
     tiles_torch.py, tiles_triton.py   Θ's tile backends           (flash_backend: pytorch, triton)
     registry.py  implementation and tile backend by name
     layer.py     `Pattention`, the nn.Module, usable on its own in any PyTorch code
+    boundary.py  its sizes and inputs checked where user code meets it
     parallel.py  `ParallelPattention`, the layer split over the tensor-parallel ranks
 
 Importing this package never imports Triton: tiles_triton is loaded when a flash Pattention runs with it.

@@ -6,7 +6,9 @@
     layer.grow(2 * n)                         # twice the parameter tokens, the same function (l2 variants)
 
 The parameters keep the official names, `key_param_tokens` [n, d_in] and `value_param_tokens` [n, d_out];
-the int64 buffer `norm_token_count` (the n of Θ's √n and ·n) is saved in the state_dict with them.
+the int64 buffer `norm_token_count` (the n of Θ's √n and ·n) is saved in the state_dict with them. Sizes and
+every input are checked at the boundary, each problem one error naming it (boundary.py); under torch.autocast
+the layer computes in autocast's dtype, as an nn.Linear does.
 
 The default implementation is `fused`: the plain formula's values and gradients with a third of its activation
 memory, the fastest wherever the [tokens, n] scores fit (benchmarks/RESULTS.md), and nothing to install
@@ -22,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from megatron.model.args import FLASH_BACKENDS, PATTENTION_IMPLS
+from megatron.model.pattention.boundary import checked_input, checked_int
 from megatron.model.pattention.registry import check_choice, pattentions_function
 from megatron.model.pattention.theta import Reduce, check_theta, identity
 
@@ -61,6 +64,12 @@ class Pattention(nn.Module):
         norm_token_count: int | None = None,
     ) -> None:
         super().__init__()
+        d_in = checked_int(f"Pattention(d_in={d_in!r})", d_in, "the width of the input")
+        d_out = checked_int(f"Pattention(d_out={d_out!r})", d_out, "the width of the output")
+        n = checked_int(f"Pattention(n={n!r})", n, "the number of parameter tokens")
+        if norm_token_count is not None:
+            norm_token_count = checked_int(f"Pattention(norm_token_count={norm_token_count!r})", norm_token_count,
+                                           "the n that Θ normalises by")
         check_theta(theta)
         check_choice("pattention_impl", impl, PATTENTION_IMPLS)
         check_choice("flash_backend", flash_backend, FLASH_BACKENDS)
@@ -92,6 +101,8 @@ class Pattention(nn.Module):
         unchanged.
         """
         check_choice("mode", mode, GROWTH_MODES)
+        new_count = checked_int(f"grow(new_count={new_count!r})", new_count, "the new number of parameter tokens",
+                                positive=False)
         old_count = len(self.key_param_tokens)
         if new_count < old_count:
             raise ValueError(f"grow(new_count={new_count}): the layer has {old_count} parameter tokens, and growth "
@@ -114,9 +125,16 @@ class Pattention(nn.Module):
     def run(self, layers: Sequence["Pattention"], x: Tensor, reduce_sum: Reduce = identity,
             reduce_max: Reduce = identity) -> Tensor:
         """`layers` (this one's settings; equal shapes) on the same input x: [len(layers), ..., d_out]."""
+        keys, values = [p.key_param_tokens for p in layers], [p.value_param_tokens for p in layers]
+        autocast = checked_input(x, keys[0].shape[1], keys[0].dtype)
         compute = pattentions_function(self.impl, self.flash_backend)
-        return compute(x, [p.key_param_tokens for p in layers], [p.value_param_tokens for p in layers], self.theta,
-                       self.tau, [p.norm_token_count for p in layers], reduce_sum, reduce_max)
+        counts = [p.norm_token_count for p in layers]
+        if autocast is None:
+            return compute(x, keys, values, self.theta, self.tau, counts, reduce_sum, reduce_max)
+        # As torch.autocast runs an nn.Linear: input and tokens cast to its dtype, their gradients flowing back.
+        with torch.autocast(x.device.type, enabled=False):
+            return compute(x.to(autocast), [k.to(autocast) for k in keys], [v.to(autocast) for v in values],
+                           self.theta, self.tau, counts, reduce_sum, reduce_max)
 
     def forward(self, x: Tensor) -> Tensor:
         """x [..., d_in] -> [..., d_out]."""

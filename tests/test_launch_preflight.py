@@ -1,0 +1,253 @@
+"""deepy.py's checks before launch (megatron/launch/preflight.py), called directly on files made here: a synthetic
+checkpoint in the Trainer's layout (benchmarks/synthetic_checkpoint.py), a dataset and the character tokenizer,
+without a launch. Each case of issue 42 failed before its fix: a run that started from scratch without a word, a
+traceback, or a problem found only after launch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.synthetic_checkpoint import write_synthetic_checkpoint
+from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
+from megatron.checkpoint.selection import resume_tag
+from megatron.config import load_config
+from megatron.formats.consolidated import weights_location_problem
+from megatron.formats.deepspeed.files import CheckpointUnreadable
+from megatron.formats.registry import read_state
+from megatron.launch.preflight import nothing_left_to_train, preflight_notes, preflight_problems
+from megatron.tokenizer import build_tokenizer, pad_vocab_size
+from tests.conftest import REPO
+from tests.distributed import free_port
+from tests.test_dataset_check import write_dataset
+from tools import convert_to_hf, export_checkpoint
+
+TINY = REPO / "tests" / "tiny.yml"
+# The synthetic checkpoint's layout (bf16, one pipeline stage, ZeRO-1 over two ranks) and the run's.
+LAYOUT = ("bf16={enabled: true}", "pipe_parallel_size=1", "zero_optimization={stage: 1}")
+TWO_RANKS = {"localhost": [0, 1]}
+MODEL_SHARD = "mp_rank_00_model_states.pt"
+
+
+def corpus(folder: Path) -> str:
+    """100 documents of 100 tokens."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_dataset(str(folder / "corpus_text_document"), [[7] * 100] * 100)
+
+
+def run_config(tmp_path: Path, *overrides: str, world_size: int = 2):
+    return load_config([TINY], [f"data_path={corpus(tmp_path / 'data')}", "tokenizer_type=CharLevelTokenizer",
+                                f"save={tmp_path}/new_run", f"master_port={free_port()}", *LAYOUT, *overrides],
+                       world_size=world_size)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A save directory holding global_step3 of tests/tiny.yml's model."""
+    folder = tmp_path_factory.mktemp("synthetic")
+    cfg = run_config(folder)
+    cfg.padded_vocab_size = pad_vocab_size(build_tokenizer("CharLevelTokenizer", None, None).vocab_size, 128, 1)
+    write_synthetic_checkpoint(cfg, folder / "run", 3)
+    return folder / "run"
+
+
+@pytest.fixture
+def run(pristine, tmp_path) -> Path:
+    """A copy of the pristine save directory, to change."""
+    return Path(shutil.copytree(pristine, tmp_path / "run"))
+
+
+def replace_file(tag_dir: Path, name: str, content: object, legacy: bool = False) -> None:
+    """`name` rewritten with `content`, and the manifest with it, as someone who means harm would."""
+    torch.save(content, tag_dir / name, _use_new_zipfile_serialization=not legacy)
+    (tag_dir / "manifest.json").unlink()
+    write_manifest(tag_dir, [record for file in checkpoint_files(tag_dir) for record in record_file(tag_dir, file)])
+
+
+class RunsCode:
+    """Unpickled, it would run a shell command (creating the file `marker`)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+# --- item 6: a `load` that holds no checkpoint --------------------------------------------------------------
+
+def test_a_load_holding_no_checkpoint_is_refused_with_the_fix(run, tmp_path):
+    """Issue 42: each of these trained from scratch, exit 0, without a word."""
+    tag_dir = run / "global_step3"
+    [problem] = preflight_problems(run_config(tmp_path, f"load={tag_dir}"), TWO_RANKS)
+    assert problem == (f"load = {tag_dir} is one checkpoint of the run in {run}, but load is the save directory "
+                       f"holding a run's checkpoints: set load={run}, which resumes global_step3 ({run}/latest names "
+                       "it)")
+    (run / "latest").write_text("global_step9")  # another checkpoint is the newest: how to resume this one
+    [problem] = preflight_problems(run_config(tmp_path, f"load={tag_dir}"), TWO_RANKS)
+    assert problem.endswith(f"set load={run}, which resumes global_step9 ({run}/latest names it); to resume "
+                            f"global_step3 itself, write global_step3 into {run}/latest")
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "tokenformer", "architectures": ["TokenFormerForCausalLM"]}')
+    (hf / "model.safetensors").write_bytes(b"")
+    [problem] = preflight_problems(run_config(tmp_path, f"load={hf}"), TWO_RANKS)
+    assert problem == (f"load = {hf} is a Hugging Face model directory, not a training checkpoint: convert it with "
+                       f"tools/convert_from_hf.py {hf} OUT --config YOUR.yml, then set load=OUT")
+    exported = tmp_path / "exported"
+    exported.mkdir()
+    torch.save({"word_embeddings.weight": torch.zeros(2, 2)}, exported / "pytorch_model.bin")
+    [problem] = preflight_problems(run_config(tmp_path, f"load={exported}"), TWO_RANKS)
+    assert problem.startswith(f"load = {exported} holds exported weights ({exported}/pytorch_model.bin), not a "
+                              "training checkpoint: set load to the save directory of the run they came from")
+
+    fix = ("point load at the save directory of the run to resume (the folder holding global_stepN/ and `latest`), "
+           "or set load to save (or unset it) to start from scratch")
+    [problem] = preflight_problems(run_config(tmp_path, f"load={tmp_path / 'data'}"), TWO_RANKS)
+    assert problem == (f"load = {tmp_path / 'data'} holds no checkpoint (no `latest`, no global_stepN/) and is not "
+                       f"save ({tmp_path}/new_run), where a new run starts: {fix}")
+    [problem] = preflight_problems(run_config(tmp_path, f"load={tmp_path / 'typo'}"), TWO_RANKS)
+    assert problem == (f"load = {tmp_path / 'typo'} does not exist and is not save ({tmp_path}/new_run), where a new "
+                       f"run starts: {fix}")
+
+
+def test_load_equal_to_save_with_nothing_there_starts_afresh_saying_so(tmp_path, capsys):
+    cfg = run_config(tmp_path, f"load={tmp_path}/new_run")
+    assert preflight_problems(cfg, TWO_RANKS) == []
+    assert resume_tag(cfg.load) is None
+    said = capsys.readouterr().out
+    assert said == f"load={tmp_path}/new_run holds no checkpoint yet: this run starts at iteration 0\n"
+
+
+# --- item 7: a `latest` naming a path outside the save directory --------------------------------------------
+
+@pytest.mark.parametrize("named", ["../other_run/global_step3", "/etc"])
+def test_a_latest_naming_a_path_outside_the_directory_is_skipped_with_a_warning(run, tmp_path, capsys, named):
+    """Issue 42: `../other_run/global_step5` resumed another run's checkpoint; `/etc` crashed deepy.py."""
+    shutil.copytree(run, tmp_path / "other_run")
+    (run / "latest").write_text(named)
+    assert preflight_problems(run_config(tmp_path, f"load={run}"), TWO_RANKS) == []
+    assert resume_tag(str(run)) == "global_step3"
+    assert (f"warning: resuming from global_step3 in {run}; skipped:\n  {named}: `latest` names it, but a checkpoint "
+            f"is a directory inside {run} (such as global_step5), not a path elsewhere; not followed") \
+        in capsys.readouterr().err
+    assert weights_location_problem(run) == (
+        f"{run}/latest names {named!r}, which is not a checkpoint directory inside {run} (such as global_step5); "
+        "load that checkpoint by its own path if it is the one meant")
+
+
+# --- item 10: unsafe or damaged files ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [MODEL_SHARD, "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_state_1.pt"])
+def test_a_file_that_would_run_code_is_refused_before_launch_with_the_safety_message(run, tmp_path, name):
+    """Issue 42: a model shard stopped deepy.py with torch's UnpicklingError traceback; an optimizer or RNG shard
+    was found only by the ranks, one traceback each."""
+    marker = tmp_path / "ran"
+    replace_file(run / "global_step3", name, {"state": RunsCode(marker)})
+    [problem] = preflight_problems(run_config(tmp_path, f"load={run}"), TWO_RANKS)
+    assert problem.startswith(f"load={run}: no checkpoint there can be resumed from:\n  global_step3: {name} refers "
+                              "to posix.system, which loading would run; a checkpoint holds only tensors and "
+                              "DeepSpeed's checkpoint classes (megatron/checkpoint/safety.py)")
+    assert not marker.exists()
+
+
+def test_a_model_shard_in_the_legacy_format_is_refused_before_launch(run, tmp_path):
+    header = torch.load(run / "global_step3" / MODEL_SHARD, weights_only=False)
+    replace_file(run / "global_step3", MODEL_SHARD, header, legacy=True)
+    [problem] = preflight_problems(run_config(tmp_path, f"load={run}"), TWO_RANKS)
+    assert (f"global_step3: {MODEL_SHARD} is in torch's legacy format (saved before torch 1.6), whose pickle cannot "
+            "be screened without running it: if you trust it, load it with torch.load(weights_only=False) and "
+            "torch.save it again") in problem
+
+
+def test_tools_and_loading_report_a_file_that_would_run_code_in_one_line(run, tmp_path, capsys):
+    """Issue 42: export_checkpoint.py, convert_to_hf.py (and generate.py, through load_model) printed torch's
+    UnpicklingError traceback, as they did safetensors' SafetensorError for a damaged file (below); and
+    convert_to_hf's hint said `pass config=` for its option --config."""
+    marker = tmp_path / "ran"
+    layer_file = "layer_01-model_00-model_states.pt"
+    replace_file(run / "global_step3", layer_file, {"weight": RunsCode(marker)})
+    unsafe = f"{layer_file} refers to posix.system, which loading would run"
+    with pytest.raises(CheckpointUnreadable, match=unsafe):
+        read_state(run)
+    for tool in (export_checkpoint, convert_to_hf):
+        with pytest.raises(SystemExit) as exit_:
+            tool.main([str(run), str(tmp_path / f"out_{tool.__name__}")])
+        [line] = capsys.readouterr().err.splitlines()
+        assert exit_.value.code == 2 and unsafe in line, line
+    assert not marker.exists()
+
+
+def test_a_damaged_safetensors_file_is_one_line(tmp_path, capsys):
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
+    with pytest.raises(SystemExit) as exit_:
+        export_checkpoint.main([str(damaged), str(tmp_path / "out")])
+    [line] = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and f"{damaged}/model.safetensors is not a readable safetensors file (truncated or " \
+                                      "corrupted)" in line, line
+
+
+def test_convert_to_hf_asks_for_its_own_option_when_weights_have_no_config(tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    torch.save({"word_embeddings.weight": torch.zeros(2, 2)}, bare / "pytorch_model.bin")
+    with pytest.raises(SystemExit):
+        convert_to_hf.main([str(bare), str(tmp_path / "hf")])
+    assert f"{bare}/pytorch_model.bin has no config.json beside it; pass config= (load_model) or --config " \
+           "(tools/*.py)" in capsys.readouterr().err
+
+
+# --- item 11: what was checked only after launch -------------------------------------------------------------
+
+def test_a_log_dir_under_a_file_is_refused_before_launch(tmp_path):
+    (tmp_path / "notes").write_text("")
+    [problem] = preflight_problems(run_config(tmp_path, f"log_dir={tmp_path}/notes/logs"), TWO_RANKS)
+    assert problem == (f"log_dir = {tmp_path}/notes/logs: cannot be a directory ({tmp_path}/notes, where it would be "
+                       f"created): {tmp_path}/notes is a file; choose another log_dir")
+
+
+def test_generations_sample_output_file_under_a_file_is_refused_before_launch(run, tmp_path):
+    (tmp_path / "notes").write_text("")
+    cfg = run_config(tmp_path, "user_script=generate.py", f"load={run}", "num_gpus=1",
+                     f"sample_output_file={tmp_path}/notes/samples.jsonl", world_size=1)
+    [problem] = preflight_problems(cfg, {"localhost": [0]})
+    assert problem == (f"sample_output_file = {tmp_path}/notes/samples.jsonl: its folder {tmp_path}/notes cannot hold "
+                       f"it: {tmp_path}/notes is a file; choose another sample_output_file (or create the folder)")
+
+
+def test_eval_only_with_a_checkpoints_own_directory_is_refused_before_launch(run, tmp_path):
+    [problem] = preflight_problems(run_config(tmp_path, "eval_only=true", f"load={run}/global_step3"), TWO_RANKS)
+    assert problem.startswith(f"load = {run}/global_step3 is one checkpoint of the run in {run}")
+
+
+def test_train_iters_at_or_below_the_checkpoints_iteration_is_said_before_launch(run, tmp_path):
+    """Issue 42: launched, printed two unrelated LR warnings, then "nothing to do" 28 s later. deepy.py now says
+    it and exits 0 without launching (a finished run asked again is no error: a requeued job's, say)."""
+    cfg = run_config(tmp_path, f"load={run}", "train_iters=3")
+    assert preflight_problems(cfg, TWO_RANKS) == []
+    assert nothing_left_to_train(cfg) == (
+        f"nothing to train: the checkpoint this run resumes ({run}/global_step3) is at iteration 3 and train_iters = "
+        "3; raise train_iters (and lr_decay_iters, for a longer schedule) to train on, or set eval_only=true to "
+        "evaluate it")
+    assert nothing_left_to_train(run_config(tmp_path, f"load={run}", "train_iters=4")) is None
+    assert nothing_left_to_train(run_config(tmp_path, f"load={run}", "train_iters=3", "eval_only=true")) is None
+
+
+# --- item 13: a train split read many times -------------------------------------------------------------------
+
+def test_a_train_split_that_training_reads_many_times_gets_a_note(tmp_path):
+    """Issue 42: split=1,49,50 and 300 iterations read the train split 62 times, and the run started without a
+    word. 100 documents of 100 tokens, half of them train's: 5,000 tokens; a global batch is 16 x 64 tokens."""
+    cfg = run_config(tmp_path, "split='50,25,25'", "train_iters=300")
+    assert preflight_notes(cfg) == [
+        f"data_path = {cfg.data_path!r} with split = '50,25,25' gives the train split 50 documents of 5,000 tokens, "
+        "which train_iters = 300 reads 62 times (300 x 16 sequences of 64 tokens); if that is not intended, give "
+        "train a larger share of split or use more text"]
+    assert preflight_notes(run_config(tmp_path, "split='50,25,25'", "train_iters=10")) == []  # 3 epochs
