@@ -23,21 +23,35 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
-from megatron.config import ConfigError, inactive_keys, slow_keys
-from megatron.config.argument import encode_config
-from megatron.config.run_inputs import INFERENCE_SCRIPTS
-from megatron.config.validate import raise_if_any
-from megatron.formats.deepspeed.changed_settings import resume_warnings
-from megatron.host.build_locks import remove_stale_build_locks
-from megatron.host.extension_cache import compile_note, use_environment_cache
-from megatron.host.shm_buffers import remove_port_buffers
-from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size
-from megatron.launch.preflight import launches_here, nothing_left_to_train, preflight_notes, preflight_problems
-from megatron.launch.resolve import resolve_run
-from megatron.launch.supervise import run_launcher
+
+def _stopped_before_launch(number: int, frame) -> None:
+    """Ctrl-C (or SIGTERM) while deepy.py imports and checks: one line and 128+N, not a traceback; once the ranks
+    start, megatron/launch/supervise.py takes the signals over."""
+    print("deepy.py: stopped at your request, before any process started", file=sys.stderr, flush=True)
+    sys.exit(128 + number)
+
+
+if __name__ == "__main__":  # before the imports below, which take seconds
+    for _number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_number, _stopped_before_launch)
+
+from megatron.config import ConfigError, inactive_keys, slow_keys  # noqa: E402
+from megatron.config.argument import encode_config  # noqa: E402
+from megatron.config.run_inputs import INFERENCE_SCRIPTS  # noqa: E402
+from megatron.config.validate import raise_if_any  # noqa: E402
+from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa: E402
+from megatron.host.build_locks import remove_stale_build_locks  # noqa: E402
+from megatron.host.extension_cache import compile_note, use_environment_cache  # noqa: E402
+from megatron.host.shm_buffers import remove_port_buffers  # noqa: E402
+from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size  # noqa: E402
+from megatron.launch.preflight import (launches_here, nothing_left_to_train, preflight_notes,  # noqa: E402
+                                       preflight_problems)
+from megatron.launch.resolve import resolve_run  # noqa: E402
+from megatron.launch.supervise import run_launcher  # noqa: E402
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"
 

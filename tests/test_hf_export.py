@@ -176,17 +176,23 @@ def test_kv_cache_generation_matches_the_framework_greedy_sampled_and_beams(tmp_
     assert generation["suppress_tokens"] == list(range(257, PADDED_VOCAB))  # padded rows, as generate.py
 
 
-def test_left_padded_rows_of_a_learned_position_model_compute_as_alone(tmp_path):
-    """Positions come from the attention mask (issue 30): with learned positions, arange would shift a
-    left-padded row's positions and change its logits."""
+def learned_position_model_and_left_padded_batch(tmp_path):
+    """A learned-position model and its Hugging Face export; two prompts of 9 tokens, the second 5 tokens
+    left-padded by 4 (its attention mask 0 there), and that second prompt alone."""
     model, export = random_export(tmp_path, VARIANTS["gelu_l2_norm-learned-untied-affine-norms-tau"])
     convert_to_hf.main([str(export), str(tmp_path / "hf")])
-    hf = load_hf(tmp_path / "hf")
     prompts = torch.randint(0, 257, (2, 9), generator=torch.Generator().manual_seed(5))
     short = prompts[1, 4:]
     batch = torch.stack((prompts[0], torch.cat((torch.zeros(4, dtype=torch.long), short))))
     mask = torch.ones_like(batch)
     mask[1, :4] = 0
+    return model, load_hf(tmp_path / "hf"), batch, mask, short
+
+
+def test_left_padded_rows_of_a_learned_position_model_compute_as_alone(tmp_path):
+    """Positions come from the attention mask (issue 30): with learned positions, arange would shift a
+    left-padded row's positions and change its logits."""
+    model, hf, batch, mask, short = learned_position_model_and_left_padded_batch(tmp_path)
     with torch.no_grad():
         assert relative_difference(hf(batch, attention_mask=mask).logits[1, 4:], model(short[None])[0]) <= TOLERANCE
     for use_cache in (True, False):
@@ -232,14 +238,7 @@ def test_a_4d_mask_needs_position_ids_and_computes_as_the_2d_mask_with_them(tmp_
     """Issue 42, item 5: a 4-D mask kept arange positions, so a left-padded row of a learned-position model had
     other logits than alone. Positions cannot be read from a 4-D mask (it says which keys each query sees): it
     is refused without position_ids, and with them computes what the 2-D mask does."""
-    model, export = random_export(tmp_path, VARIANTS["gelu_l2_norm-learned-untied-affine-norms-tau"])
-    convert_to_hf.main([str(export), str(tmp_path / "hf")])
-    hf = load_hf(tmp_path / "hf")
-    prompts = torch.randint(0, 257, (2, 9), generator=torch.Generator().manual_seed(5))
-    short = prompts[1, 4:]
-    batch = torch.stack((prompts[0], torch.cat((torch.zeros(4, dtype=torch.long), short))))
-    mask = torch.ones_like(batch)
-    mask[1, :4] = 0
+    model, hf, batch, mask, short = learned_position_model_and_left_padded_batch(tmp_path)
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
     mask_4d = (causal & mask[:, None, None, :].bool()) | torch.eye(9, dtype=torch.bool)  # padded rows: themselves
     with torch.no_grad(), pytest.raises(ValueError, match=r"a 4-D attention_mask \[batch, 1, queries, keys\] says "

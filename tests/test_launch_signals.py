@@ -204,3 +204,17 @@ def test_a_run_that_names_no_port_gets_a_free_one(demo_data, tmp_path):
     assert result.returncode == 0, result.stderr
     port = int(re.search(r"--master_port (\d+)", result.stdout)[1])
     assert port != 29500 and 20000 <= port
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_stop_while_deepy_imports_and_checks_is_one_line_not_a_traceback(demo_data, name):
+    """Ctrl-C half a second after `python deepy.py ...`, while it still imports torch and DeepSpeed (seconds): one
+    line saying it stopped as asked, exit 128+N, no traceback and nothing launched."""
+    command = [sys.executable, "deepy.py", "train.py", TINY, *data_overrides(demo_data), f"master_port={free_port()}"]
+    launcher = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    launcher.send_signal(getattr(signal, name))
+    output, errors = launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + getattr(signal, name), errors
+    assert errors.splitlines() == ["deepy.py: stopped at your request, before any process started"], errors
+    assert "launching" not in output
