@@ -87,7 +87,7 @@ def run_overrides(options, pipe_parallel_size: int = 1, recompute: bool = False)
             overrides.append(f"{key}={value}")
     micro_batch, iterations = options.micro_batch, options.warmup + options.steps + options.profile_steps
     flag = lambda on: "true" if on else "false"  # noqa: E731
-    return overrides + [
+    return overrides + list(options.set or []) + [
         "fp16={enabled: false}", f"bf16={{enabled: {flag(options.precision == 'bf16')}}}", "num_gpus=1",
         f"train_micro_batch_size_per_gpu={micro_batch}", f"train_batch_size={micro_batch}",
         "gradient_accumulation_steps=1", f"checkpoint_activations={flag(recompute)}",
@@ -304,6 +304,8 @@ def child_run(options, variant: str, work: Path) -> dict:
                  "data", "tokenizer"):
         if getattr(options, name) is not None:
             command += [f"--{name.replace('_', '-')}", str(getattr(options, name))]
+    if options.set:
+        command += ["--set", *options.set]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{variant} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -444,6 +446,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="bf16 on a GPU, fp32 on a CPU")
     parser.add_argument("--pattention-impl", choices=("auto", *PATTENTION_IMPLS), default=None,
                         help="default: the config's (auto)")
+    parser.add_argument("--set", nargs="+", metavar="KEY=VALUE",
+                        help="config overrides for every variant (e.g. a ZeRO setting, to measure what it costs)")
     parser.add_argument("--micro-batch", type=int, default=None,
                         help="default: the size's (full: 8, or on a GPU the most the memory model fits)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,

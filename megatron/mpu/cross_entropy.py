@@ -3,7 +3,7 @@ fp32 copy of the whole logits.
 
 Per token, with this rank's logits block l [..., V/t] and m the row max over every rank's block:
 
-    loss = log Σ_v exp(l_v − m) − (l_label − m)        (in fp32 whatever the logits' dtype)
+    loss = log Σ_v exp(l_v − m) − (l_label − m)        (in at least fp32 whatever the logits' dtype)
     dl   = exp(l − m) · (g / Σ) − g · [v = label]       (g: the loss's incoming gradient)
 
 The row max, the blocks' sums of exponentials and the label's logit (non-zero only on the rank whose block holds
@@ -33,11 +33,6 @@ def _row_blocks(rows: int, width: int) -> list[slice]:
     return [slice(start, min(start + per_block, rows)) for start in range(0, rows, per_block)]
 
 
-def _shifted(logits: Tensor, row_max: Tensor) -> Tensor:
-    """l − m in fp32, a new tensor whatever the logits' dtype."""
-    return logits.to(torch.float32, copy=True).sub_(row_max.unsqueeze(-1))
-
-
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, labels: Tensor) -> Tensor:
@@ -49,7 +44,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         row_max = all_reduce_max(flat.amax(dim=-1).float())
         statistics = torch.empty(2, len(flat), dtype=torch.float32, device=logits.device)  # Σ exp, label logit
         for rows in _row_blocks(len(flat), width):
-            shifted = _shifted(flat[rows], row_max[rows])
+            shifted = flat[rows] - row_max[rows].unsqueeze(-1)  # fp32: a bf16 logit is widened exactly first
             statistics[1, rows] = shifted.gather(-1, local[rows]).squeeze(-1)
             statistics[0, rows] = shifted.exp_().sum(dim=-1)
             del shifted
@@ -68,8 +63,12 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         label_grad = (-grad).masked_fill(outside, 0.0).unsqueeze(-1)
         grad_logits = torch.empty_like(flat)
         for rows in _row_blocks(len(flat), width):
-            block = _shifted(flat[rows], row_max[rows]).exp_().mul_(exp_scale[rows])
-            grad_logits[rows] = block.scatter_add_(-1, local[rows], label_grad[rows])
+            # fp32 logits: the gradient is computed in its own rows; narrower ones go through an fp32 block
+            block = grad_logits[rows] if flat.dtype == torch.float32 else None
+            block = torch.sub(flat[rows], row_max[rows].unsqueeze(-1), out=block)
+            block.exp_().mul_(exp_scale[rows]).scatter_add_(-1, local[rows], label_grad[rows])
+            if flat.dtype != torch.float32:
+                grad_logits[rows] = block
             del block
         return grad_logits.view(logits.shape), None
 
