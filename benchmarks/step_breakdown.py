@@ -2,9 +2,10 @@
 
 Every event of the trace is given the phase whose marker (megatron/training/phases.py) was open on the main
 thread when it started: backward's operators, which the autograd engine may run on a thread of its own (CUDA),
-fall in the backward marker's time span like the main thread's. Within backward, what DeepSpeed's gradient
-hooks do (copying each gradient into its buckets, reducing them) runs under autograd's AccumulateGrad node and
-is counted as gradient reduction. Per phase and per step:
+fall in the backward marker's time span like the main thread's. Within backward, the model's gradients are what
+autograd's nodes compute; the rest is the engine's gradient work, counted as gradient copies and reductions:
+what runs under AccumulateGrad (DeepSpeed's hooks copying each gradient into its buckets) and what runs outside
+any autograd node (DeepSpeed's epilogue reducing the buckets). Per phase and per step:
 
     host ms      CPU time of the operators and of the Python around them (markers' own time included)
     device ms    time of the kernels the phase's operators launched (0 on a CPU)
@@ -80,7 +81,8 @@ def breakdown(events, steps: int) -> dict[str, PhaseCost]:
         if event.device_type.name != "CPU":
             continue  # a kernel's time is counted with the operator that launched it
         name = event.name if event.name in PHASES else markers.phase_at(event.time_range.start)
-        if name == BACKWARD and _under(event, "AccumulateGrad"):
+        if name == BACKWARD and event.name != BACKWARD and (
+                _under(event, "AccumulateGrad") or not _under(event, "autograd::engine::evaluate_function")):
             name = GRADIENT_REDUCTION
         cost = costs[name]
         cost.host_ms += event.self_cpu_time_total / 1e3
