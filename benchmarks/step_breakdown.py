@@ -58,12 +58,12 @@ class _Markers:
         return OUTSIDE
 
 
-def _under(event, fragment: str) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if fragment in parent.name:
+def _within(event, fragment: str) -> bool:
+    """Whether `event` or one of the events it runs inside is named with `fragment`."""
+    while event is not None:
+        if fragment in event.name:
             return True
-        parent = parent.cpu_parent
+        event = event.cpu_parent
     return False
 
 
@@ -82,7 +82,7 @@ def breakdown(events, steps: int) -> dict[str, PhaseCost]:
             continue  # a kernel's time is counted with the operator that launched it
         name = event.name if event.name in PHASES else markers.phase_at(event.time_range.start)
         if name == BACKWARD and event.name != BACKWARD and (
-                _under(event, "AccumulateGrad") or not _under(event, "autograd::engine::evaluate_function")):
+                _within(event, "AccumulateGrad") or not _within(event, "autograd::engine::evaluate_function")):
             name = GRADIENT_REDUCTION
         cost = costs[name]
         cost.host_ms += event.self_cpu_time_total / 1e3
