@@ -20,8 +20,8 @@ sequence and vocabulary to fit a CPU; `--layers` sets the depth), trained five w
     gpt-neox       transformers' GPTNeoXForCausalLM of the same parameter count (MLP width chosen to match) in the
                    plain loop
 
-Each variant runs in a process of its own (the whole device to itself; the variants follow each other,
-`--rounds` times, and each keeps its fastest round): `--warmup` steps, then `--steps` timed together, then
+Each variant runs in a process of its own (the whole device to itself, the allocator settings a rank of
+deepy.py's gets; the variants follow each other, `--rounds` times, and each keeps its fastest round): `--warmup` steps, then `--steps` timed together, then
 `--profile-steps` under torch.profiler. The corpus and the tokenizer are made here (benchmarks/synthetic_data.py).
 bf16 on a GPU, fp32 on a CPU unless `--precision` says otherwise. TFLOP/s count megatron/model/flops.py's model
 FLOPs (no recomputation; the same count for every variant); MFU is over the device's dense bf16 peak
@@ -140,9 +140,9 @@ def profile_steps(run: Callable[[int], None], steps: int) -> dict:
 def measure(variant: str, build: Callable[[], tuple[Callable[[int], None], int, int]], options) -> Measured:
     """Warm-up, timed and profiled steps of the step function `build` returns (with the parameter count and the
     tokens a step trains)."""
-    run, parameters, tokens = build()
     import torch
 
+    run, parameters, tokens = build()
     run(options.warmup)
     synchronize()
     if torch.cuda.is_available():
@@ -292,6 +292,16 @@ BUILDERS = {
 
 # --- the parent: runs the variants, prints the tables -----------------------------------------------------------
 
+def child_environment() -> dict[str, str]:
+    """This process's environment with the device allocator's settings a rank of deepy.py's gets
+    (megatron/runtime/entry.py), for every variant alike."""
+    import torch
+
+    from megatron.runtime.entry import allocator_settings
+
+    return {**os.environ, **allocator_settings("cuda" if torch.cuda.is_available() else "cpu", os.environ)}
+
+
 def child_run(options, variant: str, work: Path) -> dict:
     """What `variant` measured (or, for "info", the run's facts), in a process of its own: the device stays
     untouched in this one."""
@@ -306,7 +316,7 @@ def child_run(options, variant: str, work: Path) -> dict:
             command += [f"--{name.replace('_', '-')}", str(getattr(options, name))]
     if options.set:
         command += ["--set", *options.set]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, cwd=REPO, env=child_environment(), capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{variant} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return json.loads(out.read_text())
