@@ -186,7 +186,7 @@ def test_gelu_l2_norm_growth_keeps_the_loss_and_can_restart_iteration_and_optimi
     small = trained(1, tmp_path / "small", values)
     target = target_yaml(tmp_path / "target.yml", {**small.values, **DOUBLED})
     tag_dir = grow_checkpoint(small.save, tmp_path / "grown", [TINY, target], reset_iteration=True,
-                              reset_optimizer=True)[0]
+                              optimizer="reset")[0]
     grown = open_checkpoint(tag_dir)
     assert (tag_dir.name, grown.iteration, grown.consumed_train_samples, grown.optimizer_step) == (
         "global_step0", 0, 0, None)
@@ -324,12 +324,31 @@ def test_official_growth_by_the_tool_is_the_official_procedure_in_another_layout
     assert [(r["iteration"], r["optimizer_state"]) for r in started] == [(0, 0)] * 4  # a fresh optimizer
 
 
+def test_official_growth_can_carry_the_optimizer_state_and_the_cli_takes_each_factor(source, tmp_path):
+    target = {**source.values, **DOUBLED, **SINGLE_PROCESS}
+    config = target_yaml(tmp_path / "target.yml", target)
+    carried = grow_tool.main(["--load", str(source.save), "--save", str(tmp_path / "carried"), "--config", str(TINY),
+                              str(config), "--growth-mode", "official", "--carry-optimizer",
+                              "--norm-token-count", "old"])
+    grown = open_checkpoint(carried)
+    assert (carried.name, grown.optimizer_step) == ("global_step0", open_checkpoint(source.save).optimizer_step)
+    state = grown.state("layers.0.mlp.key_param_tokens")
+    assert state.has_moments and not state.exp_avg[256:].any() and state.exp_avg[:256].any()
+    assert grown.state("layers.0.mlp.norm_token_count").weight.item() == 256  # the old n
+    reset = grow_checkpoint(source.save, tmp_path / "reset", [TINY, config], growth_mode="official")[0]
+    assert open_checkpoint(reset).optimizer_step is None
+    with pytest.raises(SystemExit):
+        grow_tool.main(["--load", str(source.save), "--save", str(tmp_path / "both"), "--config", str(TINY),
+                        str(config), "--reset-optimizer", "--carry-optimizer"])
+
+
 def test_official_pretrain_partial_init_is_the_official_procedure_with_a_fresh_optimizer(source, tmp_path):
     values = {**source.values, **DOUBLED, **SINGLE_PROCESS, "pretrain_partial_init": str(source.save)}
     old, source_config = read_state(source.save)
     runs = {}
     for name, extra in {"official": {"growth_mode": "official"}, "preserve": {},
-                        "preserve_reset": {"pretrain_partial_init_reset_optimizer": True}}.items():
+                        "preserve_reset": {"pretrain_partial_init_reset_optimizer": True},
+                        "official_carry": {"growth_mode": "official", "growth_optimizer": "carry"}}.items():
         run = {**values, **extra, "load": str(tmp_path / name), "save": str(tmp_path / name)}
         runs[name] = run_on_ranks(1, training_start, run)[0]
         assert runs[name]["iteration"] == 0
@@ -338,4 +357,6 @@ def test_official_pretrain_partial_init_is_the_official_procedure_with_a_fresh_o
     assert_equal_states(runs["official"]["weights"], official_reference(old, target_config))
     assert runs["official"]["optimizer_state"] == runs["preserve_reset"]["optimizer_state"] == 0
     assert runs["preserve"]["optimizer_state"] > 0  # Adam's moments carried over
+    assert runs["official_carry"]["optimizer_state"] == runs["preserve"]["optimizer_state"]
+    assert_equal_states(runs["official_carry"]["weights"], runs["official"]["weights"])
     assert_equal_states(runs["preserve_reset"]["weights"], runs["preserve"]["weights"])

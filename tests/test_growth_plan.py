@@ -217,7 +217,8 @@ def test_official_growth_equals_the_official_procedure_tensor_for_tensor(norm):
     source = trained_looking(model_state(source_cfg))
     target_cfg = config(f"norm_activation_type={norm}", *DOUBLED, "growth_mode=official")
     plan = plan_growth(source_cfg, target_cfg)
-    assert plan.mode == "official" and plan.resets_training_state and plan.target.growth_mode == "official"
+    assert (plan.mode, plan.norm, plan.optimizer, plan.resets_iteration) == ("official", "new", "reset", True)
+    assert plan.target.growth_mode == "official" and not plan.keeps_function
     grown, expected = grow_model(source, plan), official_reference(source, target_cfg)
     assert grown.keys() == expected.keys()
     different = [name for name in expected if not torch.equal(grown[name], expected[name])]
@@ -240,6 +241,45 @@ def test_official_growth_changes_the_function_and_preserve_does_not():
     for mode, same in (("preserve", True), ("official", False)):
         plan = plan_growth(source_cfg, config(*DOUBLED), mode=mode)
         assert torch.allclose(logits(plan.target, grow_model(source, plan)), expected, rtol=1e-12, atol=1e-12) == same
+
+
+def test_each_factor_of_the_modes_can_be_changed_alone():
+    """growth_norm_token_count and growth_optimizer (config or argument) change one factor of a mode; the mode's own
+    are the defaults, and pretrain_partial_init_reset_optimizer is reset."""
+    def choices(*overrides, **arguments):
+        plan = plan_growth(config(), config(*DOUBLED, *overrides), **arguments)
+        return plan.mode, plan.norm, plan.optimizer, plan.keeps_function, plan.describe()
+
+    assert choices() == ("preserve", "old", "carry", True, "preserve")
+    assert choices("growth_mode=official") == ("official", "new", "reset", False, "official")
+    assert choices("growth_norm_token_count=new") == ("preserve", "new", "carry", False,
+                                                      "preserve, √n of the new count")
+    assert choices("growth_optimizer=reset") == ("preserve", "old", "reset", True, "preserve, optimizer reset")
+    assert choices("pretrain_partial_init_reset_optimizer=true")[2] == "reset"
+    assert choices("growth_mode=official", "growth_optimizer=carry") == (
+        "official", "new", "carry", False, "official, optimizer carried over")
+    assert choices("growth_mode=official", norm="old") == ("official", "old", "reset", False,
+                                                           "official, √n of the old count")
+    assert choices("growth_optimizer=reset", optimizer="carry")[2] == "carry"  # the tool's flag wins
+    with pytest.raises(ConfigError, match="pretrain_partial_init_reset_optimizer: true and growth_optimizer: carry "
+                                          "contradict each other"):
+        choices("pretrain_partial_init_reset_optimizer=true", "growth_optimizer=carry")
+    with pytest.raises(ConfigError, match="growth_norm_token_count 'both' is not one of old, new"):
+        choices(norm="both")
+
+
+def test_new_norm_count_is_the_only_change_from_preserve_and_changes_the_function():
+    """preserve with growth_norm_token_count new: the same tensors as preserve except every √n's n, which is n'."""
+    source_cfg = config()
+    source = trained_looking(model_state(source_cfg))
+    kept = grow_model(source, plan_growth(source_cfg, config(*DOUBLED)))
+    renormed = grow_model(source, plan_growth(source_cfg, config(*DOUBLED, "growth_norm_token_count=new")))
+    different = sorted(name for name in kept if not torch.equal(kept[name], renormed[name]))
+    assert different and all(name.endswith("norm_token_count") for name in different)
+    assert renormed["layers.0.mlp.norm_token_count"].item() == 512
+    assert kept["layers.0.mlp.norm_token_count"].item() == 256
+    official_old = grow_model(source, plan_growth(source_cfg, config(*DOUBLED, "growth_mode=official"), norm="old"))
+    assert official_old["layers.0.mlp.norm_token_count"].item() == 256
 
 
 def test_official_growth_refuses_zero_new_values_and_unknown_modes():

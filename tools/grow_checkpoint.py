@@ -2,8 +2,8 @@
 
     python tools/grow_checkpoint.py --load CKPT_DIR [--tag global_stepN] --save NEW_DIR \\
         --config TARGET.yml [more.yml ...] [--qkv-slot-num N] [--proj-slot-num N] [--ffn-slot-num N] \\
-        [--growth-mode preserve|official] [--zero-new-values] [--reset-optimizer] [--reset-iteration] \
-        [--allow-shrink]
+        [--growth-mode preserve|official] [--norm-token-count old|new] [--reset-optimizer | --carry-optimizer] \
+        [--zero-new-values] [--reset-iteration] [--allow-shrink]
 
 TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ffn_slot_num (or the flags)
 give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
@@ -11,8 +11,9 @@ tokens, its growth_mode (or the flag) how they are made. Same counts and another
 preserve: old tokens stay bit-exact, new keys are zero and the normalisation keeps the old n, so the grown
 model computes the same function; the Adam state is carried over (new tokens' moments zero) and the
 iteration and LR schedule continue. official: as the official TokenFormer code, old rows copied into a fresh
-init of the larger model (√n of the new count), optimizer state dropped and iteration 0. Train from NEW_DIR
-with `load: NEW_DIR` and the target config; nothing else to set.
+init of the larger model (√n of the new count), optimizer state dropped and iteration 0. --norm-token-count
+and --reset-optimizer / --carry-optimizer (or the config's growth_norm_token_count and growth_optimizer) change
+one of these at a time. Train from NEW_DIR with `load: NEW_DIR` and the target config; nothing else to set.
 
 The source is only read; its files are checked against its manifest while growing, and nothing is published
 unless they match. The output is written under a temporary name and renamed when complete.
@@ -90,9 +91,10 @@ def _layout(config) -> str:
 
 def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: str | None = None,
                     slot_overrides: dict[str, int | None] | None = None, *, zero_new_values: bool = False,
-                    reset_optimizer: bool = False, reset_iteration: bool = False, allow_shrink: bool = False,
-                    growth_mode: str | None = None) -> tuple[Path, GrowthPlan]:
-    """Write the grown (or re-sharded) checkpoint of `load` into `save`; its tag directory and the plan."""
+                    optimizer: str | None = None, reset_iteration: bool = False, allow_shrink: bool = False,
+                    growth_mode: str | None = None, norm: str | None = None) -> tuple[Path, GrowthPlan]:
+    """Write the grown (or re-sharded) checkpoint of `load` into `save`; its tag directory and the plan.
+    `growth_mode`, `norm` ("old"/"new") and `optimizer` ("carry"/"reset"), where given, override the config's."""
     load, save = Path(load), Path(save)
     check_destination(load, save)
     tag_dir, created = checkpoint_directory(load, tag), not save.exists()
@@ -100,8 +102,8 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
         verification = pool.submit(verify_checkpoint, tag_dir)  # hashing the source beside the growing
         try:
             return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,
-                         zero_new_values=zero_new_values, reset_optimizer=reset_optimizer,
-                         reset_iteration=reset_iteration, allow_shrink=allow_shrink, growth_mode=growth_mode)
+                         zero_new_values=zero_new_values, optimizer=optimizer, reset_iteration=reset_iteration,
+                         allow_shrink=allow_shrink, growth_mode=growth_mode, norm=norm)
         except BaseException as error:  # KeyboardInterrupt too: nothing half-written stays behind
             if created:
                 shutil.rmtree(save, ignore_errors=True)
@@ -112,13 +114,13 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
 
 def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
           slot_overrides: dict[str, int | None] | None, verified: Callable[[], None], *, zero_new_values: bool,
-          reset_optimizer: bool, reset_iteration: bool, allow_shrink: bool,
-          growth_mode: str | None) -> tuple[Path, GrowthPlan]:
+          optimizer: str | None, reset_iteration: bool, allow_shrink: bool, growth_mode: str | None,
+          norm: str | None) -> tuple[Path, GrowthPlan]:
     """grow_checkpoint's work, publishing only after `verified()` returned (it raises for a corrupt source)."""
     plan = plan_growth(source.config, load_config(configs), slot_overrides, allow_shrink=allow_shrink,
-                       zero_new_values=zero_new_values, mode=growth_mode)
-    reset_optimizer = reset_optimizer or plan.resets_training_state
-    reset_iteration = reset_iteration or plan.resets_training_state
+                       zero_new_values=zero_new_values, mode=growth_mode, norm=norm, optimizer=optimizer)
+    reset_optimizer = plan.resets_optimizer
+    reset_iteration = reset_iteration or plan.resets_iteration
     iteration = 0 if reset_iteration else source.iteration
     writer = CheckpointWriter(
         save, checkpoint_tag(iteration), plan.target, iteration=iteration,
@@ -134,9 +136,9 @@ def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
 
 def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Namespace) -> str:
     size = sum(path.stat().st_size for path in tag_dir.rglob("*") if path.is_file())
-    why = "growth mode official" if plan.resets_training_state else None
-    if args.reset_optimizer or why:
-        optimizer = f"dropped ({why or '--reset-optimizer'})"
+    why = "growth mode official" if plan.resets_iteration else None
+    if plan.resets_optimizer:
+        optimizer = "dropped"
     elif read_checkpoint(tag_dir).optimizer_step is None:
         optimizer = "none (the source holds none)"
     else:
@@ -147,8 +149,8 @@ def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Nam
         (plan.grows, plan.shrinks), "re-sharded")
     lines = [f"{verb} {args.load} into {tag_dir} in {seconds:.1f} s",
              *(f"  {line}" for line in plan.summary()),
-             f"  growth mode: {plan.mode}" + (" (the function is kept)" if plan.mode == "preserve" else
-                                              " (fresh init of the new tokens, √n of the new count)"),
+             f"  growth mode: {plan.describe()}" + (" (the function is kept)" if plan.keeps_function else
+                                                    " (the function changes)"),
              f"  layout: {_layout(plan.source)} -> {_layout(plan.target)}",
              f"  optimizer state: {optimizer}; iteration and LR schedule: {iteration}",
              f"  wrote {size / 2**20:,.1f} MiB"]
@@ -170,7 +172,15 @@ def main(argv: Sequence[str] | None = None) -> Path:
                         "the function; official copies the old rows into a fresh init as the official code does")
     parser.add_argument("--zero-new-values", action="store_true",
                         help="new value tokens zero instead of drawn from the init method (they then never learn)")
-    parser.add_argument("--reset-optimizer", action="store_true", help="drop the Adam state instead of growing it")
+    parser.add_argument("--norm-token-count", choices=("old", "new"),
+                        help="the n of Θ's √n after growth (default: the config's growth_norm_token_count, else the "
+                        "mode's: preserve old, official new); new changes the function")
+    optimizer = parser.add_mutually_exclusive_group()
+    optimizer.add_argument("--reset-optimizer", dest="optimizer", action="store_const", const="reset",
+                           help="drop the Adam state (default with growth_mode official)")
+    optimizer.add_argument("--carry-optimizer", dest="optimizer", action="store_const", const="carry",
+                           help="grow the Adam state: the old tokens' moments and step kept, the new tokens' zero "
+                           "(default with growth_mode preserve)")
     parser.add_argument("--reset-iteration", action="store_true",
                         help="start at iteration 0 (LR schedule and data from the start) instead of continuing")
     parser.add_argument("--allow-shrink", action="store_true",
@@ -183,8 +193,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
             args.load, args.save, args.config, args.tag,
             {"qkv_slot_num": args.qkv_slot_num, "proj_slot_num": args.proj_slot_num,
              "ffn_slot_num": args.ffn_slot_num},
-            zero_new_values=args.zero_new_values, reset_optimizer=args.reset_optimizer,
-            reset_iteration=args.reset_iteration, allow_shrink=args.allow_shrink, growth_mode=args.growth_mode)
+            zero_new_values=args.zero_new_values, optimizer=args.optimizer, reset_iteration=args.reset_iteration,
+            allow_shrink=args.allow_shrink, growth_mode=args.growth_mode, norm=args.norm_token_count)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     except KeyboardInterrupt:

@@ -284,14 +284,23 @@ _CHECKPOINT = (
     Key("pretrain_partial_init_reset_optimizer", bool, False, "checkpoint",
         "With pretrain_partial_init: start the optimizer afresh (no Adam moments, step 0) instead of carrying "
         "the smaller model's state over (tools/grow_checkpoint.py --reset-optimizer). Implied by growth_mode "
-        "official."),
+        "official unless growth_optimizer is carry; the same as growth_optimizer: reset."),
     Key("growth_mode", str, "preserve", "checkpoint",
         "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens. preserve: "
         "zero keys, values from the init, and sqrt(n) kept at the old token count, so the grown model computes "
         "the same function; Adam state carried over. official: as the official TokenFormer code "
         "(custom_load_fn_incremental): the old rows copied into a freshly initialised larger model, so new "
         "keys and values come from the init and sqrt(n) is the new count (the function changes), a fresh "
-        "optimizer and iteration 0; softmax can grow. docs/growth.md.", choices=("preserve", "official")),
+        "optimizer and iteration 0; softmax can grow. growth_optimizer and growth_norm_token_count change one of "
+        "these at a time. docs/growth.md.", choices=("preserve", "official")),
+    Key("growth_optimizer", str, None, "checkpoint",
+        "What growth does with Adam's state: carry (the old tokens' moments and the step count kept, the new "
+        "tokens' moments zero) or reset (a fresh optimizer). Unset: the growth mode's (preserve carries, official "
+        "resets); pretrain_partial_init_reset_optimizer: true means reset.", choices=("carry", "reset")),
+    Key("growth_norm_token_count", str, None, "checkpoint",
+        "The n of Θ's sqrt(n) after growth: old (the source's, which keeps the function of the l2 variants) or new "
+        "(the grown token count, as a model of that size from scratch: the function changes). Unset: the growth "
+        "mode's (preserve old, official new).", choices=("old", "new")),
     Key("eval_ckpt", str, None, "checkpoint",
         "Weights file generate.py and eval.py load instead of `load`: the official release's pytorch_model.bin "
         "or an export (model.safetensors, pytorch_model.bin; docs/inference.md)."),

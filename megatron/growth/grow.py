@@ -10,13 +10,15 @@ For each Pattention with n → n' tokens, in growth mode `preserve`:
                 zero keys with zero values would never learn;
   Adam moments  the old rows, then zeros: training continues as if the model had always been larger;
   n of √n       (`norm_token_count`) stays the old n, which keeps the normalisation, hence the function.
+(`growth_norm_token_count: new` sets n of √n to n' instead; the function then changes.)
 Shrinking (n' < n) keeps the first n' rows and normalises with min(n, n'): lossy, except that it undoes an
 untrained growth exactly. Every other entry passes unchanged.
 
 In growth mode `official`, as the official code's custom_load_fn_incremental: the old rows of keys and values
 copied into a fresh init of the target model (new key and value rows drawn as above) and n of √n the new
-count n' (a fresh model's): the grown model computes another function. Its users start the optimizer and the
-iteration afresh (GrowthPlan.resets_training_state), as that code does. Every other entry passes unchanged.
+count n' (a fresh model's, unless `growth_norm_token_count: old`): the grown model computes another function.
+Its users start the iteration afresh, and the optimizer too unless `growth_optimizer: carry`
+(GrowthPlan.resets_optimizer, dropped by the caller), as that code does. Every other entry passes unchanged.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def grown_state(name: str, state: ParameterState, plan: GrowthPlan) -> Parameter
     count = plan.new_tokens[slot_key]
     official = plan.mode == "official"
     if leaf == "norm_token_count":
-        kept = torch.full_like(state.weight, count) if official else torch.clamp(state.weight, max=count)
+        kept = torch.full_like(state.weight, count) if plan.norm == "new" else torch.clamp(state.weight, max=count)
         return ParameterState(kept)
     width = state.weight.shape[1]
     if (leaf == "key_param_tokens" and not official) or plan.zero_new_values:

@@ -4,7 +4,7 @@ When `load` holds no checkpoint, every rank opens the newest checkpoint in `pret
 each entry of its own model part with the plan and functions tools/grow_checkpoint.py uses (in the config's
 growth_mode), and keeps this tensor rank's block: into the module go the weights and buffers (the
 Pattentions' stored token counts), into the optimizer the fp32 masters and, unless the optimizer starts afresh
-(pretrain_partial_init_reset_optimizer, or growth_mode official), Adam's moments and step
+(growth_optimizer reset: pretrain_partial_init_reset_optimizer, or growth_mode official), Adam's moments and step
 (formats/deepspeed/engine_state.py). As in the official TokenFormer code this starts a new stage: iteration, consumed
 samples, and so the LR schedule and data position, start at 0; the source's iteration is not carried over.
 """
@@ -28,7 +28,7 @@ def grow_into(engine, cfg, source: SourceCheckpoint) -> None:
     grown to `cfg`'s model, into `engine`."""
     plan = plan_growth(source.config, cfg)
     check_entries(source.names(), plan)
-    fresh_optimizer = cfg.pretrain_partial_init_reset_optimizer or plan.resets_training_state
+    fresh_optimizer = plan.resets_optimizer
     pipelined = cfg.pipe_parallel_size >= 1
     dims = split_dimensions(plan.model_args)
     rank, ranks = mpu.get_tensor_parallel_rank(), mpu.get_tensor_parallel_world_size()

@@ -8,7 +8,9 @@ token count the target's tensor ranks cannot split, function-preserving growth u
 one ConfigError before any tensor is read.
 
 Two modes make the new tokens (grow.py, docs/growth.md): `preserve` keeps the function the model computes,
-`official` does what the official TokenFormer code does.
+`official` does what the official TokenFormer code does. They differ in three things, each of which can be set
+on its own: the new keys (zero or from the init: the mode), the n of Θ's √n (`growth_norm_token_count`: old or
+new) and Adam's state (`growth_optimizer`: carry or reset).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from megatron.mpu import full_shape
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 
 GROWTH_MODES = ("preserve", "official")
+NORM_TOKEN_COUNTS = ("old", "new")
+OPTIMIZER_CHOICES = ("carry", "reset")
+MODE_DEFAULTS = {"preserve": {"norm": "old", "optimizer": "carry"}, "official": {"norm": "new", "optimizer": "reset"}}
 
 SOFTMAX_GROWTH = (
     "norm_activation_type softmax cannot grow: a new parameter token with a zero key scores 0 for every "
@@ -71,11 +76,31 @@ class GrowthPlan:
     roles: dict[str, InitRole]
     zero_new_values: bool = False
     mode: str = "preserve"
+    norm: str = "old"  # the n of √n after growth: the source's (old) or the grown count (new)
+    optimizer: str = "carry"  # Adam's state: carried over (new rows zero) or reset
 
     @property
-    def resets_training_state(self) -> bool:
-        """Official growth starts a new run: no optimizer state, iteration 0 (as the official code does)."""
+    def resets_optimizer(self) -> bool:
+        return self.optimizer == "reset"
+
+    @property
+    def resets_iteration(self) -> bool:
+        """Official growth starts a new run at iteration 0, as the official code does."""
         return self.mode == "official"
+
+    @property
+    def keeps_function(self) -> bool:
+        """Zero new keys and the old n: the l2 variants compute what the source computed."""
+        return self.mode == "preserve" and self.norm == "old"
+
+    def describe(self) -> str:
+        """'preserve' or 'official', with what differs from the mode, e.g. 'preserve, √n of the new count'."""
+        defaults, changed = MODE_DEFAULTS[self.mode], [self.mode]
+        if self.norm != defaults["norm"]:
+            changed.append(f"√n of the {self.norm} count")
+        if self.optimizer != defaults["optimizer"]:
+            changed.append("optimizer reset" if self.resets_optimizer else "optimizer carried over")
+        return ", ".join(changed)
 
     @cached_property
     def model_args(self) -> TokenFormerArgs:
@@ -156,20 +181,39 @@ def _token_count_problems(old: Mapping[str, int], new: Mapping[str, int], target
     return problems
 
 
-def _mode_problems(mode: str, zero_new_values: bool) -> list[str]:
-    if mode not in GROWTH_MODES:
-        return [f"growth mode {mode!r} is not one of {', '.join(GROWTH_MODES)}"]
+def _mode_problems(mode: str, zero_new_values: bool, norm: str, optimizer: str) -> list[str]:
+    problems = [f"{what} {value!r} is not one of {', '.join(choices)}" for what, value, choices in (
+        ("growth mode", mode, GROWTH_MODES), ("growth_norm_token_count", norm, NORM_TOKEN_COUNTS),
+        ("growth_optimizer", optimizer, OPTIMIZER_CHOICES)) if value not in choices]
     if mode == "official" and zero_new_values:
-        return ["zero new values do not go with growth_mode official, which draws new keys and values from the "
-                "init as the official code does: drop --zero-new-values, or grow with growth_mode preserve"]
-    return []
+        problems.append("zero new values do not go with growth_mode official, which draws new keys and values from "
+                        "the init as the official code does: drop --zero-new-values, or grow with growth_mode preserve")
+    return problems
+
+
+def growth_choices(target: Config, mode: str | None = None, norm: str | None = None,
+                   optimizer: str | None = None) -> tuple[str, str, str]:
+    """(mode, norm, optimizer) of a growth into `target`: the arguments where given, else the target config's
+    growth_mode, growth_norm_token_count and growth_optimizer (pretrain_partial_init_reset_optimizer: reset), else
+    the mode's own. ConfigError where the config asks for both carry and reset."""
+    mode = target.growth_mode if mode is None else mode
+    if target.pretrain_partial_init_reset_optimizer and target.growth_optimizer == "carry":
+        raise ConfigError("pretrain_partial_init_reset_optimizer: true and growth_optimizer: carry contradict each "
+                          "other: keep one (growth_optimizer: reset is the same as the former)")
+    configured = "reset" if target.pretrain_partial_init_reset_optimizer else target.growth_optimizer
+    defaults = MODE_DEFAULTS.get(mode, MODE_DEFAULTS["preserve"])
+    norm = norm or target.growth_norm_token_count or defaults["norm"]
+    optimizer = optimizer or configured or defaults["optimizer"]
+    return mode, norm, optimizer
 
 
 def plan_growth(source: Config, target: Config, slot_overrides: Mapping[str, int | None] | None = None, *,
-                allow_shrink: bool = False, zero_new_values: bool = False, mode: str | None = None) -> GrowthPlan:
+                allow_shrink: bool = False, zero_new_values: bool = False, mode: str | None = None,
+                norm: str | None = None, optimizer: str | None = None) -> GrowthPlan:
     """The plan growing a checkpoint saved with `source` into the model `target` describes, with
     `slot_overrides` (e.g. {"ffn_slot_num": 512}; None entries ignored) taking precedence over its slot counts,
-    in growth mode `mode` (default: the target's growth_mode).
+    in growth mode `mode`, with √n of the `norm` count and the optimizer state as `optimizer` says (each unset:
+    growth_choices).
 
     Raises one ConfigError naming every problem.
     """
@@ -186,10 +230,11 @@ def plan_growth(source: Config, target: Config, slot_overrides: Mapping[str, int
     old = {key: getattr(source, key) for key in slot_keys()}
     new = {key: overrides.get(key, getattr(target, key)) for key in slot_keys()}
     source_vocab, target_vocab = padded_vocabulary(source), padded_vocabulary(target)
-    mode = target.growth_mode if mode is None else mode
-    raise_if_any(_mode_problems(mode, zero_new_values) + _differences(source, target, source_vocab, target_vocab)
+    mode, norm, optimizer = growth_choices(target, mode, norm, optimizer)
+    raise_if_any(_mode_problems(mode, zero_new_values, norm, optimizer)
+                 + _differences(source, target, source_vocab, target_vocab)
                  + _token_count_problems(old, new, target, allow_shrink, mode))
     final = Config.from_dict({**target.to_dict(), **new, "padded_vocab_size": target_vocab, "growth_mode": mode})
     model = TokenFormerModel(TokenFormerArgs.from_config(final), device="meta")
     shapes = {name: full_shape(tensor) for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
-    return GrowthPlan(source, final, old, new, shapes, parameter_roles(model), zero_new_values, mode)
+    return GrowthPlan(source, final, old, new, shapes, parameter_roles(model), zero_new_values, mode, norm, optimizer)

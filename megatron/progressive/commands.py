@@ -5,7 +5,8 @@ Training and scoring are `deepy.py train.py` with the plan's configs and the sta
 tools/grow_checkpoint.py from the previous stage's final checkpoint (named by its tag, never `latest`, so a
 redone growth cannot pick up another checkpoint) into the stage's own checkpoints directory, with
 --reset-iteration: the stage starts at iteration 0 with its own warmup and schedule, as the official
-incremental-scaling configs do (the growth mode and freezing come from the stage's config).
+incremental-scaling configs do (the growth mode, its √n and optimizer choices and freezing come from the stage's
+config, which the tool reads).
 """
 
 from __future__ import annotations
@@ -37,13 +38,11 @@ def source_tag(previous: Config) -> str:
     return f"global_step{previous.train_iters}"
 
 
-def grow_command(plan: Plan, stage: Stage, previous: Config, config: Config) -> list[str]:
+def grow_command(plan: Plan, stage: Stage, previous: Config) -> list[str]:
     source = plan.previous(stage)
     command = [sys.executable, str(GROW_TOOL), "--load", str(plan.checkpoints(source)), "--tag", source_tag(previous),
                "--save", str(plan.checkpoints(stage)), "--config", *map(str, plan.config_files(stage)),
                "--reset-iteration"]
-    if config.pretrain_partial_init_reset_optimizer:
-        command.append("--reset-optimizer")
     return command
 
 

@@ -33,7 +33,7 @@ def _local_command(plan: Plan, by_name: dict[str, ResolvedStage], step: Step) ->
     stage = step.stage
     if step.kind == GROW:
         previous = by_name[plan.previous(stage).name].config
-        return shown(grow_command(plan, stage, previous, by_name[stage.name].config))
+        return shown(grow_command(plan, stage, previous))
     if step.kind == EVALUATE:
         return shown(evaluate_command(plan, stage))
     if step.kind == FINISH:

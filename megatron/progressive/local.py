@@ -89,7 +89,7 @@ def growth_check(plan: Plan, resolved: ResolvedStage) -> str:
         return f"{stage.name} grown (no validation loss to compare: eval_iters 0 or no validation split)"
     line = (f"{stage.name} grown from {previous.name}: validation loss {after:.6f}, {previous.name} ended at "
             f"{before:.6f} (difference {after - before:+.2e})")
-    if resolved.config.growth_mode == "preserve" and abs(after - before) > RELATIVE_TOLERANCE * abs(before):
+    if resolved.growth.keeps_function and abs(after - before) > RELATIVE_TOLERANCE * abs(before):
         line += "; WARNING: growth_mode preserve should keep the loss"
     return line
 
@@ -100,10 +100,10 @@ def _run(plan: Plan, resolved_stages: list[ResolvedStage], step: Step, echo: boo
     if step.kind == GROW:
         previous = resolved_stages[plan.previous(stage).index].config
         _say(f"{stage.name}: grow {plan.previous(stage).name}'s {source_tag(previous)} "
-             f"({', '.join(resolved.growth.summary())}; growth mode {resolved.config.growth_mode}); log: {log}")
+             f"({', '.join(resolved.growth.summary())}; growth mode {resolved.growth.describe()}); log: {log}")
         clear_incomplete_growth(plan, stage)
         record_lineage(plan, resolved_stages, stage)  # pinned to the source's content before anything is grown
-        run_step(f"{stage.name} grow", grow_command(plan, stage, previous, resolved.config), log, echo)
+        run_step(f"{stage.name} grow", grow_command(plan, stage, previous), log, echo)
     elif step.kind == EVALUATE:
         _say(f"{stage.name}: score the grown checkpoint; log: {log}")
         run_step(f"{stage.name} evaluate", evaluate_command(plan, stage), log, echo)
