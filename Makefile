@@ -73,7 +73,7 @@ gpu-kit: $(STAMP)
 # Issues 19, 28: growth S1 -> S2 -> S3 (both growth modes) vs S3 from scratch, the same stages without growth,
 # S1 trained longer and a dense Transformer, three seeds, through tools/progressive_scaling.py, on the synthetic
 # corpus data_prep/markov_corpus.py builds first (about 40 min on 2 cores); benchmarks/incremental_scaling/README.md.
-# A check in a few minutes: make scaling-study STUDY_ARGS=--quick.
+# Both tasks (markov, knowledge) with the ablation. A check in a few minutes: make scaling-study STUDY_ARGS=--quick.
 # Another corpus: make scaling-study STUDY_ARGS="--data-path P --vocab-file F".
 scaling-study: $(STAMP) requirements/requirements-bench.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-bench.txt

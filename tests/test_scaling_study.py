@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from benchmarks.incremental_scaling import run_study
+from benchmarks.incremental_scaling.ablation import factor_sentences
 from benchmarks.incremental_scaling.comparison import compute_to_reach, differences, loss_at, spread
 from benchmarks.incremental_scaling.curves import Curve, joined
 from benchmarks.incremental_scaling.report import (
@@ -29,7 +30,6 @@ from megatron.config import ConfigError
 from megatron.progressive.costs import model_args, parameter_counts, stage_cost
 from tests.conftest import REPO
 
-TINY = REPO / "tests" / "tiny.yml"
 
 
 def curve(label: str, compute: list[float], loss: list[float]) -> Curve:
@@ -134,7 +134,21 @@ def test_the_study_runs_are_valid_plans_with_their_controls(demo_data, tmp_path)
     assert [entry.slots for entry in restarts] == ["16/16/64"] * 3
     assert [(e.config.train_iters, e.config.warmup) for e in restarts] == [(e.config.train_iters, e.config.warmup)
                                                                            for e in path]
-    assert len({runs[key].plan.work_dir for key in runs}) == 6
+    assert len({runs[key].plan.work_dir for key in runs}) == len(runs) == 10
+    # the ablation: the path with one factor of a mode changed in every grown stage, S1 shared
+    for key, expected in {"preserve_fresh_optimizer": ("preserve", None, "reset"),
+                          "preserve_new_norm": ("preserve", "new", None),
+                          "official_carried_optimizer": ("official", None, "carry")}.items():
+        stages = runs[key].stages
+        assert stages[0].stage.settings == path[0].stage.settings and [e.slots for e in stages] == [
+            e.slots for e in path]
+        assert [(e.config.growth_mode, e.config.growth_norm_token_count, e.config.growth_optimizer)
+                for e in stages[1:]] == [expected] * 2
+    ramped = runs["preserve_norm_ramp"].stages
+    assert [(e.config.growth_norm_token_count, e.config.norm_token_count_ramp_iters) for e in ramped] == [
+        (None, 0), (None, 50), (None, 75)]  # a quarter of S2's 200 steps and of S3's 300
+    quick = write_runs(tmp_path / "quick", shared(tmp_path, demo_data), scale=0.05, seed=7, quick=True)
+    assert "restarts" not in quick and "dense" not in quick and len(quick["preserve_new_norm"].stages) == 2
     assert scratch[0].slots == "64/64/256" and scratch[0].config.train_iters == SCRATCH_ITERS
     assert scratch[0].config.warmup == path[0].config.warmup  # S1's schedule, S3's size
     assert control[0].slots == "16/16/64"
@@ -181,51 +195,75 @@ def test_missing_corpus_is_one_error_before_any_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_study_end_to_end_writes_table_plot_and_curves_on_the_shared_flops(demo_data, tmp_path):
-    extra = tmp_path / "extra.yml"
-    extra.write_text(yaml.safe_dump({"lr_decay_iters": None, "eval_interval": 2}))
-    plan = tmp_path / "plan.yml"
-    plan.write_text(yaml.safe_dump({"configs": [str(TINY), str(extra)], "work_dir": "unused", "stages": [
-        {"name": "s1", "train_iters": 4},
-        {"name": "s2", "qkv_slot_num": 128, "proj_slot_num": 128, "ffn_slot_num": 512, "train_iters": 2}]}))
+def test_quick_runs_the_whole_study_on_both_tasks_and_writes_tables_plots_and_curves(tmp_path):
+    """`--quick` (the check `make scaling-study STUDY_ARGS=--quick` makes): both tasks' corpora, every growth path
+    of the ablation through the driver, the reference and the control, and the reports."""
     work = tmp_path / "study"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.incremental_scaling.run_study", "--work-dir", str(work), "--plan", str(plan),
-         "--scratch-iters", "6", "--seeds", "3", "--data-path", str(demo_data / "demo_text_document"),
-         "--vocab-file", str(demo_data / "tokenizer.json")],
-        cwd=REPO, capture_output=True, text=True, timeout=1200)
-    assert result.returncode == 0, result.stdout + result.stderr
-    last_line = result.stdout.strip().splitlines()[-1]
-    assert last_line.startswith("verdict: not capacity-bound") and last_line.endswith("no verdict")  # one seed
+    result = subprocess.run([sys.executable, "-m", "benchmarks.incremental_scaling.run_study", "--quick",
+                             "--work-dir", str(work)], cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    last = result.stdout.strip().splitlines()[-2:]
+    assert [line.split(": ")[0] for line in last] == ["markov", "knowledge"]
+    assert all(line.split(": ", 1)[1].startswith("verdict: not capacity-bound") for line in last)  # one seed
+    assert result.stdout.count("its first stage: a copy of") == 5 + 1  # every other path shares S1
+    ablation_labels = ("| S1 → S2 (preserve, optimizer reset) |", "| S1 → S2 (preserve, √n of the new count) |",
+                       "| S1 → S2 (official, optimizer carried over) |",
+                       "| S1 → S2 (preserve, √n ramped to the new count over 25% of the stage) |")
+    for task in ("markov", "knowledge"):
+        results = work / task / "results"
+        table = (results / "table.md").read_text()
+        assert all(label in table for label in (
+            "| S1 |", "| S2 (grown from S1, preserve) |", "| S2 (grown from S1, official) |",
+            "| S2 from scratch (reference) |", "| S1 trained longer |", "Prediction", "Regime check", "## Ablation"))
+        assert "restarted" not in table and "dense" not in table  # left out by --quick
+        assert table.strip().splitlines()[-1] == last[["markov", "knowledge"].index(task)].split(": ", 1)[1]
+        assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        curves = json.loads((results / "curves.json").read_text())["seeds"]["1"]["paths"]
+        first, second = curves["progressive"]["stages"]
+        assert second["compute"][0] == pytest.approx(first["compute"][-1])
+        if task == "knowledge":  # --quick: the ablation on the first task only
+            assert not any(label in table for label in ablation_labels) and "none of the ablation's paths ran" in table
+            continue
+        assert all(label in table for label in ablation_labels) and "Ablation verdict: one seed" in table
+        for key, keeps_function in (("progressive", True), ("preserve_fresh_optimizer", True),
+                                    ("preserve_norm_ramp", True), ("preserve_new_norm", False), ("official", False)):
+            s1, s2 = curves[key]["stages"]
+            assert s1["loss"] == first["loss"]  # the same S1 (a copy)
+            assert (s2["loss"][0] == pytest.approx(s1["loss"][-1], rel=1e-5)) == keeps_function, key
+        # official with the optimizer carried starts from official's grown model; only the updates differ
+        assert curves["official_carried_optimizer"]["stages"][1]["loss"][0] == pytest.approx(
+            curves["official"]["stages"][1]["loss"][0], rel=1e-6)
+        assert curves["official_carried_optimizer"]["stages"][1]["loss"][-1] != curves["official"]["stages"][1][
+            "loss"][-1]
 
-    results = work / "results"
-    table = (results / "table.md").read_text()
-    assert all(label in table for label in (
-        "| S1 |", "| S2 (grown from S1, preserve) |", "| S2 (grown from S1, official) |",
-        "| S2 (S1's size, restarted) |", "| S1 → S2 (preserve) |", "| S1 → S2 (official) |",
-        "| S1 → S2 at S1's size (same restarts, no growth) |", "| S2 from scratch (reference) |",
-        "| S1 trained longer |", "| dense Transformer of S2's size, from scratch |", "Prediction", "Regime check"))
-    assert table.strip().splitlines()[-1] == last_line
-    assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert result.stdout.count("its first stage: a copy of") == 2  # the official path and the one without growth
 
-    curves = json.loads((results / "curves.json").read_text())["seeds"]["3"]
-    first, second = curves["paths"]["progressive"]["stages"]
-    official_first, official_second = curves["paths"]["official"]["stages"]
-    small = stage_cost(write_runs(tmp_path / "again", shared(tmp_path, demo_data), 1.0, 3, plan)["progressive"]
-                       .stages[0].config).flops_per_step
-    assert first["iterations"] == [2, 4] and second["iterations"] == [0, 2]
-    assert first["compute"] == pytest.approx([2 * small, 4 * small])
-    # S2 starts at S1's total compute, with S1's last validation loss (growth keeps the function)
-    assert second["compute"][0] == pytest.approx(4 * small) and second["loss"][0] == pytest.approx(first["loss"][-1])
-    # the official path shares S1 (a copy: the same curve) and grows it differently: fresh keys change the function
-    assert official_first["loss"] == first["loss"] and official_second["compute"] == second["compute"]
-    assert official_second["loss"][0] != pytest.approx(first["loss"][-1], abs=1e-4)
-    # without growth: S1's copy, then S1's model restarted, its compute counted at S1's size
-    restarted = curves["paths"]["restarts"]["stages"][1]
-    assert restarted["loss"][0] == pytest.approx(first["loss"][-1]) and restarted["compute"][-1] == pytest.approx(
-        6 * small)
-    reference = curves["scratch"]
-    assert reference["iterations"][-1] == 6 and curves["dense"]["iterations"][-1] == 6
-    assert curves["control"]["compute"][-1] >= max(curves["paths"]["progressive"]["path"]["compute"][-1],
-                                                   reference["compute"][-1])
+def made_up_finals(new_norm: list[float], fresh_optimizer: list[float], official: list[float] | None = None):
+    """Final losses of three seeds: preserve ~1.80, official ~1.58 (unless given), the ablation as given."""
+    official = official or [1.580, 1.585, 1.575]
+    return {"progressive": [1.800, 1.810, 1.790], "official": official, "preserve_new_norm": new_norm,
+            "preserve_fresh_optimizer": fresh_optimizer, "official_carried_optimizer": [o + 0.001 for o in official]}
+
+
+def test_the_ablation_names_the_factor_that_carries_officials_lead():
+    norm_wins = factor_sentences(made_up_finals(new_norm=[1.60, 1.605, 1.59], fresh_optimizer=[1.80, 1.815, 1.79]))
+    assert norm_wins[0] == "Official minus preserve: -0.2200 ± 0.0050 (exceeds the spread)."
+    assert norm_wins[-1].startswith("Ablation verdict: the √n carries the difference: changed alone it moves "
+                                    "preserve by -0.2017 ± 0.0029, 92% of official's lead")
+    assert "also beyond" not in norm_wins[-1]
+    optimizer_wins = factor_sentences(made_up_finals(new_norm=[1.79, 1.82, 1.80], fresh_optimizer=[1.62, 1.61, 1.60]))
+    assert optimizer_wins[-1].startswith("Ablation verdict: the optimizer state carries the difference")
+    assert any(line.startswith("The optimizer state (a fresh optimizer instead of the carried state): from preserve "
+                               "-0.1900 ± 0.0100 (exceeds the spread); within official -0.0010")
+               for line in optimizer_wins)
+    both = factor_sentences(made_up_finals(new_norm=[1.70, 1.71, 1.69], fresh_optimizer=[1.65, 1.66, 1.64]))
+    assert both[-1].startswith("Ablation verdict: the optimizer state carries the difference") and \
+        "(the √n also beyond the spread)" in both[-1]
+    neither = factor_sentences(made_up_finals(new_norm=[1.80, 1.70, 1.85], fresh_optimizer=[1.81, 1.79, 1.80]))
+    assert neither[-1].startswith("Ablation verdict: no factor varied alone moves preserve toward official beyond "
+                                  "the spread")
+    level = factor_sentences(made_up_finals(new_norm=[1.79, 1.80, 1.80], fresh_optimizer=[1.80, 1.80, 1.80],
+                                            official=[1.75, 1.85, 1.80]))
+    assert level[-1] == ("Ablation verdict: official and preserve do not differ beyond the spread, so no factor "
+                         "carries a difference.")
+    assert factor_sentences({key: values[:1] for key, values in made_up_finals([1.6] * 3, [1.8] * 3).items()})[-1] \
+        == "Ablation verdict: one seed, no spread to judge a factor by."

@@ -41,7 +41,7 @@ from megatron.config import load_config
 from megatron.formats.deepspeed.reader import SourceCheckpoint, checkpoint_directory, read_checkpoint, verify_checkpoint
 from megatron.formats.deepspeed.writer import CheckpointWriter
 from megatron.growth.grow import grown_states
-from megatron.growth.plan import GrowthPlan, plan_growth
+from megatron.growth.plan import GrowthPlan, pattention_entry, plan_growth
 
 Item = TypeVar("Item")
 _DONE = object()
@@ -127,10 +127,16 @@ def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
         consumed_train_samples=0 if reset_iteration else source.consumed_train_samples,
         optimizer_step=None if reset_optimizer else source.optimizer_step,
         growth_record=plan.growth_record(read_growth_record(source.tag_dir)))
+    norms: dict[str, int] = {}  # the n of √n the output holds per kind, for the growth record
     with writer:
         for name, state in computed_ahead(grown_states(source.names(), source.state, plan)):
+            entry = pattention_entry(name)
+            if entry is not None and entry[1] == "norm_token_count":
+                norms.setdefault(entry[0], int(state.weight))
             writer.write(name, state.without_moments() if reset_optimizer else state)
         verified()
+        if plan.grows:
+            writer.growth_record = {**writer.growth_record, "norm_token_count": norms, "iteration": iteration}
         return writer.commit(), plan
 
 

@@ -37,8 +37,14 @@ def _mean_band(curves: list[Curve]) -> tuple[list[float], list[float], list[floa
             [min(column) for column in columns], [max(column) for column in columns])
 
 
+def _shown(seeds: list[SeedCurves]) -> list[str]:
+    """The runs of STYLES the study ran (--quick leaves some out); the ablation's paths are in table.md only."""
+    return [key for key in STYLES if key in seeds[0].paths or key in seeds[0].singles]
+
+
 def _draw(axes: Axes, seeds: list[SeedCurves]) -> None:
-    for key, (color, style) in STYLES.items():
+    for key in _shown(seeds):
+        color, style = STYLES[key]
         curves = [seed.curve(key) for seed in seeds]
         compute, mean, low, high = _mean_band(curves)
         axes.plot(compute, mean, color=color, linestyle=style, marker="o", markersize=2, linewidth=1.3,
@@ -61,7 +67,7 @@ def plot_study(seeds: list[SeedCurves], path: Path) -> None:
     whole.set_title(f"Growth vs training from scratch ({len(seeds)} seeds: mean, band = lowest to highest)")
     _draw(zoom, seeds)
     growth = seeds[0].paths["progressive"].stages[1].compute[0]
-    curves = [seed.curve(key) for seed in seeds for key in STYLES]
+    curves = [seed.curve(key) for seed in seeds for key in _shown(seeds)]
     end = max(curve.total_compute for curve in curves)
     zoom.set_xlim(growth / 1e12 * 0.95, end / 1e12 * 1.02)
     shown = [loss for curve in curves for c, loss in zip(curve.compute, curve.loss) if c >= growth * 0.95]

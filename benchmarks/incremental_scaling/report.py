@@ -2,7 +2,7 @@
 
 table.md holds, in order: what the FLOPs formula predicted before anything ran, the set-up (sizes, tokens per
 parameter), the regime check, the result table (mean ± standard deviation over the seeds), the growth checks, the
-verdict's sentences and, last, the verdict line. Every sentence is computed from the numbers in the table: when
+verdict's sentences, the Ablation section (ablation.py) and, last, the verdict line. Every sentence is computed from the numbers in the table: when
 the regime check fails (the largest model from scratch does not end clearly below what the smallest reaches on
 the same compute), there is no verdict on growth, only the numbers.
 """
@@ -13,10 +13,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.incremental_scaling.ablation import ablation_section
 from benchmarks.incremental_scaling.comparison import Spread, compute_to_reach, differences, loss_at, spread
 from benchmarks.incremental_scaling.curves import Curve, joined, run_curves
 from benchmarks.incremental_scaling.plot import plot_study
-from benchmarks.incremental_scaling.runs import PATHS, Run
+from benchmarks.incremental_scaling.runs import GROWN, PATHS, Run
 from megatron.config import Config
 from megatron.progressive.costs import StageCost, stage_cost
 
@@ -71,9 +72,10 @@ def seed_curves(seed: int, runs: dict[str, Run]) -> SeedCurves:
     path_names = names(runs["progressive"])
     singles, configs = {}, {}
     for key, template in SINGLE_RUNS.items():
-        label = template.format(first=path_names[0], last=path_names[-1])
-        (singles[key],), (configs[key],) = run_curves(runs[key], [label])
-    return SeedCurves(seed, {key: path_curves(runs[key]) for key in PATHS}, singles, configs)
+        if key in runs:
+            label = template.format(first=path_names[0], last=path_names[-1])
+            (singles[key],), (configs[key],) = run_curves(runs[key], [label])
+    return SeedCurves(seed, {key: path_curves(runs[key]) for key in PATHS if key in runs}, singles, configs)
 
 
 def prediction(runs: dict[str, Run]) -> list[str]:
@@ -89,9 +91,10 @@ def prediction(runs: dict[str, Run]) -> list[str]:
              f"{stage_names[-1]}: {per_token}.",
              "Planned compute as a fraction of the reference (the large model from scratch): " + ", ".join(
                  f"{name} {cost.training_flops / scratch:.3f}" for name, cost in zip(stage_names, stages))
-             + f"; each growth path {runs['progressive'].compute / scratch:.3f} in all, the path without growth "
-             f"{runs['restarts'].compute / scratch:.3f}, the control {runs['control'].compute / scratch:.3f}, the "
-             f"dense Transformer {runs['dense'].compute / scratch:.3f}."]
+             + f"; each growth path {runs['progressive'].compute / scratch:.3f} in all, "
+             + ", ".join(f"{what} {runs[key].compute / scratch:.3f}" for key, what in (
+                 ("restarts", "the path without growth"), ("control", "the control"),
+                 ("dense", "the dense Transformer")) if key in runs) + "."]
     if before_last < 0.5:
         lines.append(f"So a path saves 50% or more only if {stage_names[-1]}, after growth, reaches the reference's "
                      f"final loss within {0.5 - before_last:.3f} of the reference's compute "
@@ -239,10 +242,11 @@ def path_sentences(seeds: list[SeedCurves], key: str, reaches: dict[str, Reach])
     path_final = [seed.paths[key].path.final_loss for seed in seeds]
     text += (f". At its own compute it ends at {own.final.text(4)}, the small model trained as long at "
              f"{spread(small).text(4)}: " + _difference_text(differences(small, path_final), "lower by"))
-    restarts = [seed.paths["restarts"].path.final_loss for seed in seeds]
-    text += ("; the same stages without growth end at " + spread(restarts).text(4) + ": "
-             + _difference_text(differences(restarts, path_final), "lower by") + ".")
-    return text
+    if "restarts" in seeds[0].paths:
+        restarts = [seed.paths["restarts"].path.final_loss for seed in seeds]
+        text += ("; the same stages without growth end at " + spread(restarts).text(4) + ": "
+                 + _difference_text(differences(restarts, path_final), "lower by"))
+    return text + "."
 
 
 def dense_sentence(seeds: list[SeedCurves], reaches: dict[str, Reach]) -> str:
@@ -287,14 +291,16 @@ def write_report(studies: dict[int, dict[str, Run]], results: Path, header: list
     the verdict."""
     seeds = [seed_curves(seed, runs) for seed, runs in studies.items()]
     reaches = {key: reach(seeds, key) for key in ("progressive", "official", "restarts", "control", "dense",
-                                                  "scratch")}
+                                                  "scratch") if key in seeds[0].paths or key in seeds[0].singles}
+    ablation = {key: reach(seeds, key) for key in GROWN if key in seeds[0].paths}
     regime_check = regime(seeds)
     results.mkdir(parents=True, exist_ok=True)
     curves = {str(seed.seed): {"paths": {key: {"stages": [c.to_dict() for c in p.stages], "path": p.path.to_dict()}
                                          for key, p in seed.paths.items()},
                                **{key: curve.to_dict() for key, curve in seed.singles.items()}} for seed in seeds}
     summary = {"capacity_bound": regime_check.capacity_bound, "regime_gap": regime_check.gap.values,
-               "reached": {key: r.fractions for key, r in reaches.items()}}
+               "reached": {key: r.fractions for key, r in {**reaches, **ablation}.items()},
+               "final": {key: list(r.final.values) for key, r in {**reaches, **ablation}.items()}}
     (results / "curves.json").write_text(json.dumps({"seeds": curves, "summary": summary}, indent=1) + "\n",
                                          encoding="utf-8")
     plot_study(seeds, results / "scaling.png")
@@ -302,9 +308,11 @@ def write_report(studies: dict[int, dict[str, Run]], results: Path, header: list
     sentences = [regime_check.sentence(seeds[0].reference.label, seeds[0].singles["control"].label)]
     if regime_check.capacity_bound:
         sentences += [path_sentences(seeds, key, reaches) for key in ("progressive", "official")]
-        sentences += [dense_sentence(seeds, reaches), modes_sentence(reaches)]
+        sentences += [dense_sentence(seeds, reaches)] if "dense" in reaches else []
+        sentences += [modes_sentence(reaches)]
     text = "\n\n".join(["\n".join(header), "Prediction (megatron/model/flops.py, before the runs): "
                         + " ".join(prediction(first_runs)), setup_table(seeds[0]), result_table(reaches),
-                        "\n".join(growth_checks(seeds)), *sentences, verdict_line(regime_check, reaches)])
+                        "\n".join(growth_checks(seeds)), *sentences,
+                        ablation_section(ablation, regime_check.capacity_bound), verdict_line(regime_check, reaches)])
     (results / "table.md").write_text(text + "\n", encoding="utf-8")
     return text

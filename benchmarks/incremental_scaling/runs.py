@@ -12,10 +12,13 @@ WORK_DIR/seed<N>/plans/:
   and the reference's compute (evaluated at about the compute spacing of the reference's evaluations): the small
   model on the path's compute, and on the reference's (the regime check);
 - dense.yml: the dense Transformer (model_type transformer) with about S3's parameter count, trained as the
-  reference is: the paper's baseline.
+  reference is: the paper's baseline;
+- the ablation (ABLATION, issue 41): the progressive path with one factor of its growth mode changed, each a plan
+  like progressive_official.yml: preserve with a fresh optimizer, preserve with √n of the new count, official
+  with the optimizer state carried over, and preserve with n of √n ramped to the new count (norm_ramp.py).
 
-The official and restarts paths start from a copy of the progressive path's finished S1 (share_first_stage), so
-they differ from it in growth alone. Every stage gets the seed; every run's steps are multiplied by `scale` (the
+Every other path starts from a copy of the progressive path's finished S1 (share_first_stage), so they differ
+from it in growth alone. Every stage gets the seed; every run's steps are multiplied by `scale` (the
 quick check: 0.05). The driver runs each plan; a plan it finished before is not run again.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +46,28 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
 TEMPLATE = CONFIGS / "plan.yml"
 SCRATCH_ITERS = 750
 SEEDS = (1, 2, 3)
-PATHS = {"progressive": "preserve", "official": "official", "restarts": "no growth"}  # run key -> how it grows
-SHARING_FIRST_STAGE = ("official", "restarts")
+RAMP_SHARE = 0.25  # preserve_norm_ramp: n of √n moved to the new count over this share of each grown stage
+
+
+def _ramp(stage: dict[str, Any]) -> dict[str, Any]:
+    return {"norm_token_count_ramp_iters": max(1, round(RAMP_SHARE * stage["train_iters"]))}
+
+
+# The ablation's paths: run key -> (how it grows, the keys of a grown stage given its keys). Each changes one
+# factor of preserve or of official (docs/growth.md: new keys, √n, optimizer state); the last keeps preserve's
+# function at the growth and reaches the new count's √n over the stage's first quarter.
+ABLATION: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    "preserve_fresh_optimizer": ("preserve, optimizer reset", lambda _: {"growth_optimizer": "reset"}),
+    "preserve_new_norm": ("preserve, √n of the new count", lambda _: {"growth_norm_token_count": "new"}),
+    "official_carried_optimizer": ("official, optimizer carried over",
+                                   lambda _: {"growth_mode": "official", "growth_optimizer": "carry"}),
+    "preserve_norm_ramp": (f"preserve, √n ramped to the new count over {RAMP_SHARE:.0%} of the stage", _ramp),
+}
+GROWN = {"progressive": ("preserve", lambda _: {}), "official": ("official", lambda _: {"growth_mode": "official"}),
+         **ABLATION}
+PATHS = {**{key: how for key, (how, _) in GROWN.items()}, "restarts": "no growth"}  # run key -> how it grows
+SHARING_FIRST_STAGE = tuple(key for key in PATHS if key != "progressive")
+OPTIONAL = ("restarts", "dense")  # the controls of issue 28, left out by --quick
 
 
 @dataclass(frozen=True)
@@ -99,9 +123,10 @@ def dense_shape(large: Config) -> dict[str, int]:
 
 
 def write_runs(work_dir: Path, shared: Path, scale: float, seed: int, template: Path = TEMPLATE,
-               scratch_iters: int = SCRATCH_ITERS) -> dict[str, Run]:
-    """One seed's six runs, their plans written under work_dir/plans/ and resolved; `shared` is merged after the
-    template's configs (the corpus, the port). PlanError for anything a run would refuse."""
+               scratch_iters: int = SCRATCH_ITERS, quick: bool = False, ablation: bool = True) -> dict[str, Run]:
+    """One seed's runs, their plans written under work_dir/plans/ and resolved; `shared` is merged after the
+    template's configs (the corpus, the port). `quick`: the template's first two stages only, and no OPTIONAL
+    runs; `ablation`: with the ABLATION paths. PlanError for anything a run would refuse."""
     path_plan = read_plan(template)
     unsized = [stage for stage in path_plan.stages if "train_iters" not in stage.settings]
     if unsized:
@@ -109,19 +134,21 @@ def write_runs(work_dir: Path, shared: Path, scale: float, seed: int, template: 
                               "length, so give train_iters in each stage")
     configs = [*path_plan.configs, shared]
     stages = [{"name": stage.name, **stage.settings, "seed": seed,
-               "train_iters": scaled(stage.settings["train_iters"], scale)} for stage in path_plan.stages]
+               "train_iters": scaled(stage.settings["train_iters"], scale)}
+              for stage in path_plan.stages[:2 if quick else None]]
     first, last = stages[0], stages[-1]
     plans = work_dir / "plans"
 
     def run(key: str, name: str, run_stages: list[dict[str, Any]]) -> Run:
         return _run(key, _write(plans / f"{name}.yml", configs, work_dir / name, run_stages))
 
-    runs = {"progressive": run("progressive", "progressive", stages)}
-    runs["official"] = run("official", "progressive_official",
-                           [first, *({**stage, "growth_mode": "official"} for stage in stages[1:])])
+    runs = {key: run(key, "progressive" if key == "progressive" else f"progressive_{key}",
+                     [first, *({**stage, **keys(stage)} for stage in stages[1:])]) for key, (_, keys) in GROWN.items()
+            if ablation or key not in ABLATION}
     small = runs["progressive"].stages[0].config  # S1's counts may come from the config files
     small_slots = {key: getattr(small, key) for key in slot_keys()}
-    runs["restarts"] = run("restarts", "restarts", [first, *({**stage, **small_slots} for stage in stages[1:])])
+    if not quick:
+        runs["restarts"] = run("restarts", "restarts", [first, *({**stage, **small_slots} for stage in stages[1:])])
     scratch = {**first, **{key: last[key] for key in slot_keys() if key in last}, "name": f"{last['name']}_scratch",
                "train_iters": scaled(scratch_iters, scale)}
     runs["scratch"] = run("scratch", "scratch", [scratch])
@@ -134,6 +161,8 @@ def write_runs(work_dir: Path, shared: Path, scale: float, seed: int, template: 
     control = {**first, "name": f"{first['name']}_longer", "eval_interval": spacing,
                "train_iters": math.ceil(longest / small_step)}
     runs["control"] = run("control", "control", [control])
+    if quick:
+        return runs
     dense = {**{key: value for key, value in scratch.items() if key not in slot_keys()},
              "name": f"{last['name']}_dense", "model_type": "transformer", **dense_shape(large)}
     runs["dense"] = run("dense", "dense", [dense])

@@ -2,10 +2,15 @@
 
     {"format": 1,
      "grown_from": {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256},
+     "norm_token_count": {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256},
+     "iteration": 0,
      "frozen": {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256}}
 
 `grown_from` is each kind of Pattention's token count before the last growth. Growth appends tokens, so
-those are a Pattention's leading tokens, the ones `freeze_old_param_tokens` keeps fixed. `frozen`, present
+those are a Pattention's leading tokens, the ones `freeze_old_param_tokens` keeps fixed. `norm_token_count` is
+the n of √n the grown checkpoint holds for each kind and `iteration` its iteration: where
+norm_token_count_ramp_iters starts (growth/norm_ramp.py); every growth writes both (records of older versions
+lack them). `frozen`, present
 only in checkpoints saved by a run that froze tokens, is what that run froze: its optimizer state covers
 only the other tokens. The grow tool writes the record; training carries it into every checkpoint it saves,
 so a frozen run resumes frozen and a later growth knows the model's history. Other keys are kept as they are.
@@ -27,7 +32,7 @@ class GrowthRecordError(ValueError):
 
 def _counts_problem(record: dict, key: str) -> str | None:
     counts = record.get(key)
-    if key == "frozen" and counts is None:
+    if key in ("frozen", "norm_token_count") and counts is None:
         return None
     if not isinstance(counts, dict) or not counts or not all(
             isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts.values()):
@@ -39,7 +44,11 @@ def _check(record: Any, where: str) -> dict:
     if not isinstance(record, dict):
         raise GrowthRecordError(f"{where}: a growth record is a JSON object, got {type(record).__name__}")
     problems = [] if record.get("format") == FORMAT else [f"'format' must be {FORMAT}, got {record.get('format')!r}"]
-    problems += [problem for key in ("grown_from", "frozen") if (problem := _counts_problem(record, key))]
+    problems += [problem for key in ("grown_from", "frozen", "norm_token_count")
+                 if (problem := _counts_problem(record, key))]
+    iteration = record.get("iteration", 0)
+    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+        problems.append(f"'iteration' must be a non-negative integer, got {iteration!r}")
     if problems:
         raise GrowthRecordError(f"{where}: {'; '.join(problems)}. Restore the file the grow tool wrote, or "
                                 f"remove it if the checkpoint was not grown")

@@ -243,6 +243,12 @@ _TRAINING = (
         "After growth, train only the parameter tokens growth appended: every Pattention's tokens from before "
         "growth (the growth.json of the checkpoint in `load`, or pretrain_partial_init's slot counts) get no "
         "update from gradients, weight decay or momentum. Embeddings and norms still train."),
+    Key("norm_token_count_ramp_iters", int, 0, "training",
+        "After a growth that kept the old n of sqrt(n) (growth_norm_token_count old, preserve's default): move each "
+        "Pattention's n linearly from the count the grown checkpoint holds to its token count over this many "
+        "iterations from the growth's (its growth.json), so the run starts with the source's function exactly and "
+        "ends normalised as a model of its size from scratch. 0: n stays as grown. docs/growth.md.",
+        valid_range=NON_NEGATIVE),
 )
 
 _DATA = (

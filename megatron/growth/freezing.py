@@ -17,6 +17,7 @@ masters held beyond bf16.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,13 @@ class RunGrowth:
     record: dict | None = None
     frozen: dict[str, int] | None = None
     optimizer_state_fits: bool = True
+
+    def grown_here(self, norms: dict[str, int]) -> RunGrowth:
+        """This run's growth when it grew its start in memory (pretrain_partial_init) at iteration 0, with the n of
+        √n the grown model holds (where norm_token_count_ramp_iters starts)."""
+        if self.record is None:
+            return self
+        return dataclasses.replace(self, record={**self.record, "norm_token_count": norms, "iteration": 0})
 
     def record_to_save(self) -> dict | None:
         """The record for this run's checkpoints: the one it continues, with this run's freeze."""

@@ -20,12 +20,13 @@ from megatron.formats.deepspeed.names import module_model_names, tokenformer_nam
 from megatron.formats.deepspeed.reader import SourceCheckpoint
 from megatron.formats.tensor_parallel import split_dimensions
 from megatron.growth.grow import check_entries, grown_state
-from megatron.growth.plan import plan_growth
+from megatron.growth.plan import pattention_entry, plan_growth
 
 
-def grow_into(engine, cfg, source: SourceCheckpoint) -> None:
+def grow_into(engine, cfg, source: SourceCheckpoint) -> dict[str, int]:
     """Collective: `source` (`cfg.pretrain_partial_init`'s newest checkpoint, or a weights-only one in `load`),
-    grown to `cfg`'s model, into `engine`."""
+    grown to `cfg`'s model, into `engine`. Returns the n of √n the grown model holds per slot key (its first
+    layer's, as every rank reads them: a pipeline stage may hold other layers)."""
     plan = plan_growth(source.config, cfg)
     check_entries(source.names(), plan)
     fresh_optimizer = plan.resets_optimizer
@@ -47,3 +48,6 @@ def grow_into(engine, cfg, source: SourceCheckpoint) -> None:
         module.load_state_dict({entry: blocks[name].weight for entry, name in entries.items()})
     load_parameter_states(engine, blocks.__getitem__, None if fresh_optimizer else source.optimizer_step,
                           module_model_names(module, cfg.num_layers, pipelined))
+    norms = [(entry[0], name) for name in plan.target_shapes
+             if name.startswith("layers.0.") and (entry := pattention_entry(name)) and entry[1] == "norm_token_count"]
+    return {key: int(grown_state(name, source.state(name), plan).weight) for key, name in norms}

@@ -22,6 +22,7 @@ from megatron.formats.deepspeed.compatibility import architecture_problems, hold
 from megatron.formats.deepspeed.reader import open_checkpoint, read_checkpoint
 from megatron.formats.deepspeed.resume import load_checkpoint
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
+from megatron.growth.norm_ramp import NormRampApplier, norm_ramp
 from megatron.growth.partial_init import grow_into
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.pipeline import build_pipeline
@@ -140,8 +141,11 @@ class Trainer:
         elif cfg.load and cfg.eval_only:
             raise ConfigError(f"eval_only: no checkpoint found in load={cfg.load!r} (no 'latest' file)")
         if cfg.pretrain_partial_init and tag is None:
-            grow_into(self.engine, cfg, open_checkpoint(cfg.pretrain_partial_init))
+            norms = grow_into(self.engine, cfg, open_checkpoint(cfg.pretrain_partial_init))
+            self.growth = self.growth.grown_here(norms)
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
+        ramp = norm_ramp(cfg, self.growth.record)
+        self.norm_ramp = None if ramp is None else NormRampApplier(self.engine.module, ramp)
         self.utilization = Utilization(
             get_accelerator(), flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations),
             flops_per_token(self.model_args, include_recompute=False), dist.get_world_size(), cfg.peak_tflops)
@@ -169,6 +173,8 @@ class Trainer:
         cfg = self.cfg
         if self.splits.valid is None or cfg.eval_iters == 0:
             return None
+        if self.norm_ramp is not None:
+            self.norm_ramp.apply(self.state.iteration)
         loss = evaluate(self.engine, self._iterator(self.splits.valid, 0), cfg.eval_iters)
         self.state.last_valid_loss = loss
         self.metrics.write({"iteration": self.state.iteration, "split": "valid", "lm_loss": loss})
@@ -189,6 +195,8 @@ class Trainer:
         while state.iteration < until:
             with phase(BOOKKEEPING):
                 lr = self.schedule.apply(self.optimizer, state.iteration)
+                if self.norm_ramp is not None:
+                    self.norm_ramp.apply(state.iteration)
             loss, grad_norm = train_step(self.engine, batches)
             with phase(BOOKKEEPING):
                 self.nonfinite_steps.check(state.iteration + 1, loss, grad_norm)

@@ -1,0 +1,89 @@
+"""`norm_token_count_ramp_iters`: after a growth that kept the old n of Θ's √n (preserve), move each Pattention's
+n to its token count over the stage's first iterations.
+
+preserve growth keeps the function by keeping the source's n; official growth normalises by the new count n' at
+once, which changes the function. The ramp does both: at the growth's iteration every Pattention normalises by
+the n its grown checkpoint holds (the function is the source's, exactly), and `ramp` iterations later by its own
+token count, as a model of its size from scratch; in between n moves linearly, rounded to a whole count (the
+buffer is an integer). Where it starts and when come from the growth record (checkpoint/growth_record.py:
+`norm_token_count`, `iteration`), so a run resumed halfway continues the same ramp. The counts are set on the
+host, once per change of the whole count: no synchronisation, and no work on the iterations in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from megatron.config import ConfigError
+from megatron.model.pattention import Pattention
+from megatron.model.spec import pattention_of_module, slot_keys
+
+
+def norm_counts(model: nn.Module) -> dict[str, int]:
+    """The n of √n each kind of Pattention of `model` holds (one value per slot key; ValueError if they differ)."""
+    counts: dict[str, set[int]] = {}
+    for name, module in model.named_modules():
+        spec = pattention_of_module(name) if isinstance(module, Pattention) else None
+        if spec is not None:
+            counts.setdefault(spec.slot_key, set()).add(int(module.norm_token_count))
+    mixed = {key: sorted(values) for key, values in counts.items() if len(values) > 1}
+    if mixed:
+        raise ValueError(f"Pattentions of one kind normalise by different counts: {mixed}")
+    return {key: values.pop() for key, values in counts.items()}
+
+
+@dataclass(frozen=True)
+class NormRamp:
+    """n of √n per slot key: `start` at iteration `first`, `target` from `first + length` on, linear between."""
+
+    start: dict[str, int]
+    target: dict[str, int]
+    first: int
+    length: int
+
+    def count(self, slot_key: str, iteration: int) -> int:
+        share = min(max((iteration - self.first) / self.length, 0.0), 1.0)
+        start, target = self.start[slot_key], self.target[slot_key]
+        return round(start + (target - start) * share)
+
+
+def norm_ramp(cfg, record: dict | None) -> NormRamp | None:
+    """The run's ramp (None when norm_token_count_ramp_iters is 0); ConfigError when it cannot apply."""
+    if not cfg.norm_token_count_ramp_iters:
+        return None
+    if record is None or "norm_token_count" not in record or "iteration" not in record:
+        where = ("its growth record (growth.json) predates the ramp: grow the source again with this version of "
+                 "tools/grow_checkpoint.py" if record is not None else "it was not grown")
+        raise ConfigError(f"norm_token_count_ramp_iters {cfg.norm_token_count_ramp_iters} ramps n of √n from the "
+                          f"count a grown checkpoint holds, but the checkpoint this run starts from cannot say it: "
+                          f"{where}. Or set norm_token_count_ramp_iters: 0")
+    start = record["norm_token_count"]
+    missing = [key for key in slot_keys() if key not in start]
+    if missing:
+        raise ConfigError(f"norm_token_count_ramp_iters: the growth record has no norm_token_count for {missing}")
+    return NormRamp(dict(start), {key: getattr(cfg, key) for key in slot_keys()}, record["iteration"],
+                    cfg.norm_token_count_ramp_iters)
+
+
+class NormRampApplier:
+    """Sets the norm_token_count buffers of `model`'s Pattentions (a TokenFormerModel or a pipeline stage) as the
+    ramp says for an iteration, writing only where the whole count changed."""
+
+    def __init__(self, model: nn.Module, ramp: NormRamp) -> None:
+        self.ramp = ramp
+        self.buffers: dict[str, list[Tensor]] = {}
+        for name, module in model.named_modules():
+            spec = pattention_of_module(name) if isinstance(module, Pattention) else None
+            if spec is not None:
+                self.buffers.setdefault(spec.slot_key, []).append(module.norm_token_count)
+        self.current: dict[str, int | None] = dict.fromkeys(self.buffers)
+
+    def apply(self, iteration: int) -> None:
+        for key, buffers in self.buffers.items():
+            count = self.ramp.count(key, iteration)
+            if count != self.current[key]:
+                for buffer in buffers:
+                    buffer.fill_(count)
+                self.current[key] = count

@@ -1,0 +1,95 @@
+"""data_prep/knowledge_corpus.py: every sentence states a fact of the world it describes, in one of its attribute's
+templates; the documents are whole sentences ending with <|endoftext|>; the same arguments write the same bytes;
+the trainer's tokenizer and dataset read it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.tokenizer.hf_tokenizer import HFTokenizer
+from tests.conftest import REPO
+
+_SPEC = importlib.util.spec_from_file_location("knowledge_corpus", REPO / "data_prep" / "knowledge_corpus.py")
+knowledge_corpus = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(knowledge_corpus)
+
+ARGS = ("--first-names", "6", "--last-names", "5", "--values", "7", "--tokens", "60000", "--seed", "4")
+
+
+def build(out):
+    return subprocess.run([sys.executable, "data_prep/knowledge_corpus.py", "--out", str(out), *ARGS], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("knowledge")
+    result = build(out)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def parse(words: list[str], people: dict[tuple[str, str], int]) -> list[tuple[int, str, str, int]]:
+    """Each sentence of `words` as (person, attribute, value, template index); AssertionError if one fits none."""
+    templates = [(attribute, index, template.split()) for attribute, options in knowledge_corpus.ATTRIBUTES.items()
+                 for index, template in enumerate(options)]
+    found, position = [], 0
+    while position < len(words):
+        for attribute, index, template in templates:
+            length = len(template) + 1
+            candidate = words[position:position + length]
+            name_at = template.index("NAME")
+            expanded = template[:name_at] + ["<first>", "<last>"] + template[name_at + 1:]
+            if len(candidate) == length and all(e in ("<first>", "<last>", "VALUE") or e == w
+                                                for e, w in zip(expanded, candidate)):
+                person = people.get((candidate[name_at], candidate[name_at + 1]))
+                if person is not None:
+                    found.append((person, attribute, candidate[expanded.index("VALUE")], index))
+                    position += length
+                    break
+        else:
+            raise AssertionError(f"no template fits {words[position:position + 8]}")
+    return found
+
+
+def test_every_sentence_states_its_persons_fact_in_a_template_of_the_attribute(corpus):
+    first, last, values, facts = knowledge_corpus.world(6, 5, 7, 4)
+    people = {(f, la): i * len(last) + j for i, f in enumerate(first) for j, la in enumerate(last)}
+    tokenizer = HFTokenizer(str(corpus / "tokenizer.json"))
+    dataset = MMapIndexedDataset(str(corpus / "knowledge_text_document"))
+    seen_templates, seen_people, total = set(), set(), 0
+    for index in range(len(dataset)):
+        ids = dataset[index].astype(np.int64).tolist()
+        assert ids[-1] == tokenizer.eod and tokenizer.eod not in ids[:-1]
+        assert len(ids) <= knowledge_corpus.DOCUMENT_TOKENS + 16
+        words = tokenizer.detokenize(ids[:-1]).split()
+        assert tokenizer.tokenize(" ".join(words)) == ids[:-1]  # the tokenizer reads back what was written
+        for person, attribute, value, template in parse(words, people):
+            column = list(knowledge_corpus.ATTRIBUTES).index(attribute)
+            assert value == values[attribute][facts[person, column]]
+            seen_templates.add((attribute, template))
+            seen_people.add(person)
+        total += len(ids)
+    assert total >= 60000 and len(seen_templates) == 8 and len(seen_people) == 30
+
+
+def test_the_description_and_the_same_arguments_give_the_same_bytes(corpus, tmp_path):
+    described = json.loads((corpus / "knowledge_source.json").read_text())
+    assert (described["people"], described["facts"], described["values_per_attribute"]) == (30, 120, 7)
+    assert described["no_facts_nats"] > described["floor_nats"] > 0
+    assert build(tmp_path).returncode == 0
+    for name in ("knowledge_text_document.bin", "knowledge_text_document.idx", "tokenizer.json"):
+        assert (tmp_path / name).read_bytes() == (corpus / name).read_bytes()
+
+
+def test_bad_arguments_are_one_line_each():
+    result = subprocess.run([sys.executable, "data_prep/knowledge_corpus.py", "--out", "/nonexistent/x",
+                             "--values", "1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--values 1: give 2 to 4096" in result.stderr
