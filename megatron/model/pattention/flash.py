@@ -12,8 +12,8 @@ runs is a few [rows, n] buffers, about 1/BLOCKS of the fused node's.
 
 The number of blocks, not their size, is what is fixed: the host work and the operators launched per call
 (a fixed number per block) do not grow with the token count, and at a small token count (one block) flash
-launches what the fused node launches, plus a GEMM. The blocks depend on the token count and the device type
-alone, never on n, so that
+launches what the fused node launches, plus a GEMM and a fixed few (splits, one cat per row statistic). The
+blocks depend on the token count and the device type alone, never on n, so that
   - every tensor-parallel rank cuts the same blocks: the row statistics' all-reduces (`reduce_sum`,
     `reduce_max`, one or two per block in forward and one in backward, as the fused node makes for all rows)
     match across ranks even where the ranks hold different numbers of parameter tokens;
@@ -38,9 +38,9 @@ from megatron.model.pattention.theta import ZERO_ROW_GUARD, Reduce, check_theta,
 
 # Blocks of input rows a call cuts, at most, by device type. The memory target (flash's peak at most 0.35 of the
 # fused node's at n >= 4d) sets it. Backward's [rows, n] buffers are then 1/BLOCKS of a [tokens, n] one whatever
-# the token count, so the ratio is the same at every micro-batch (and n does not change it either: what else
-# each holds is alike). On an H100 at 16,384 tokens (1-5B FFN, bf16, Triton tiles) 2048-row blocks (8) peaked
-# at 0.34 of fused, 4096-row ones (4) at 0.47 (benchmarks/gpu_reports/2026-11-27-h100-gpu_check.md). On a CPU
+# the token count, so the ratio stays as it is across micro-batches (where MIN_ROWS does not bind). On an H100
+# at 16,384 tokens (1-5B FFN, bf16, Triton tiles) 2048-row blocks (8, the blocks flash cuts there) peaked at 0.34
+# of fused, 4096-row ones (4) at 0.47 (benchmarks/gpu_reports/2026-11-27-h100-gpu_check.md). On a CPU
 # the PyTorch tiles hold about six fp32 [rows, n] buffers where the fused node's own passes hold two or three
 # [tokens, n] ones: at the 150M FFN (fp32, 1024 or 4096 tokens) 8 blocks peak at 0.43 of fused, 16 at 0.27.
 # benchmarks.gpu_pattention --blocks-sweep times the GPU's choice.
