@@ -25,8 +25,9 @@ backward and the optimizer step, flash and fused alternating. MFU = tokens/s × 
 --peak-tflops (e.g. the data sheet's dense bf16 figure).
 
 --blocks-sweep times flash (l2_norm_gelu) at the 1-5B shapes cutting the --tokens input rows into each number of
-blocks of BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU. --profile prints torch.profiler's kernel table of one flash and one fused forward +
-backward (l2_norm_gelu, the 1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
+blocks of BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
+--profile prints torch.profiler's kernel table of one flash and one fused forward + backward (l2_norm_gelu, the
+1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
 measures training through deepy.py instead); --json also writes every row to FILE.
 
 Last line: "ratio: flash (Triton) Pattention time / six GEMMs = X (all shapes and Θ; worst Y); training-step
