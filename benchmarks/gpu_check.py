@@ -16,9 +16,9 @@ stopping the rest, each in the report:
                  it (DeepSpeed, ZeRO-1, pipe_parallel_size 1, no recompute: the MFU users get, which the MFU target
                  reads) and the same with the config's checkpoint_activations (MFU and HFU), with the breakdown
                  of each step by phase; the ratio target reads deepy.py's step over the plain loop
-    kernels      benchmarks.gpu_pattention --no-steps --profile --rows-sweep: fused and flash forward+backward
+    kernels      benchmarks.gpu_pattention --no-steps --profile --blocks-sweep: fused and flash forward+backward
                  against the six GEMMs at the paper configs' shapes, 16k tokens, with flash's peak memory over
-                 fused's, flash at 1-5B shapes with 512 to 4096 input rows a block, and the profiler's kernel
+                 fused's, flash at 1-5B shapes with its input rows in 2 to 16 blocks, and the profiler's kernel
                  table of each at the 1-5B FFN shape
     training     python deepy.py train.py configs/1-5B.yml at 4 layers (full width and vocabulary), one GPU,
                  NCCL, DeepSpeed ZeRO-1, bf16, micro-batch 8 of 2048 tokens, on data and a 50,277-token
@@ -224,7 +224,7 @@ def run_benchmark(check: Check, result: StepResult, module: str, arguments: list
 
 def step_kernels(check: Check, result: StepResult) -> None:
     ran = run_benchmark(check, result, "benchmarks.gpu_pattention",
-                        ["--no-steps", "--profile", "--rows-sweep", "--repeats", "5"], 240)
+                        ["--no-steps", "--profile", "--blocks-sweep", "--repeats", "5"], 240)
     if ran is None:
         return
     data, output = ran

@@ -2,7 +2,7 @@
 training steps of the paper configs at reduced depth, flash vs fused.
 
     .venv/bin/python -m benchmarks.gpu_pattention [--tokens 16384] [--dtype bf16|fp32] [--repeats 10]
-        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--rows-sweep] [--peak-tflops T]
+        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--blocks-sweep] [--peak-tflops T]
         [--json FILE]
 
 Needs a CUDA device and Triton. Without them it prints one line saying so (stderr) and exits with status 2:
@@ -24,9 +24,10 @@ backward and the optimizer step, flash and fused alternating. MFU = tokens/s × 
 (megatron/model/flops.py, no recomputation) / peak FLOP/s: the fastest bf16 8192² matmul measured here, or
 --peak-tflops (e.g. the data sheet's dense bf16 figure).
 
---rows-sweep times flash (l2_norm_gelu) at the 1-5B shapes with each block size of ROWS_SWEEP, the figures that
-set flash.ROWS on a GPU. --profile prints torch.profiler's kernel table of one flash and one fused forward +
-backward (l2_norm_gelu, the 1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
+--blocks-sweep times flash (l2_norm_gelu) at the 1-5B shapes cutting the --tokens input rows into each number of
+blocks of BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
+--profile prints torch.profiler's kernel table of one flash and one fused forward + backward (l2_norm_gelu, the
+1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
 measures training through deepy.py instead); --json also writes every row to FILE.
 
 Last line: "ratio: flash (Triton) Pattention time / six GEMMs = X (all shapes and Θ; worst Y); training-step
@@ -151,39 +152,45 @@ def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
     return rows
 
 
-# Row-block sizes of flash timed at the largest config's shapes: the data that sets flash.ROWS on a GPU.
-ROWS_SWEEP = (512, 1024, 2048, 4096)
+# Numbers of row blocks flash is timed with at the largest config's shapes: the data that sets flash.BLOCKS (and
+# flash.MIN_ROWS) on a GPU; at 16,384 tokens 8192 to 1024 rows a block.
+BLOCKS_SWEEP = (2, 4, 8, 16)
 
 
-def rows_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
-    """flash (l2_norm_gelu) at the largest config's shapes with each of ROWS_SWEEP input rows a block: its time
-    over the six GEMMs' and its peak memory (MiB), alternating as the kernel rows do."""
+def blocks_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
+    """flash (l2_norm_gelu) at the largest config's shapes with its input rows cut into each of BLOCKS_SWEEP
+    blocks (MIN_ROWS set aside): its time over the six GEMMs' and its peak memory (MiB), alternating as the
+    kernel rows do. "default" marks the blocks flash cuts at these tokens by its own BLOCKS and MIN_ROWS."""
     from benchmarks.pattention import forward_backward, gemms_only
     from megatron.model.pattention import flash as flash_module
 
-    default = flash_module.ROWS
+    settings = flash_module.BLOCKS, flash_module.MIN_ROWS
+    default_rows = flash_module.rows_per_block(tokens, torch.device(DEVICE))
 
-    def with_rows(size: int, step: Callable[[], None]) -> Callable[[], None]:
+    def with_blocks(blocks: int, step: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
-            flash_module.ROWS = {"cpu": size, "default": size}
+            flash_module.BLOCKS = {"cpu": blocks, "default": blocks}
+            flash_module.MIN_ROWS = {"cpu": 1, "default": 1}
             try:
                 step()
             finally:
-                flash_module.ROWS = default
+                flash_module.BLOCKS, flash_module.MIN_ROWS = settings
         return run
 
     results = []
     for shape in LARGEST_CONFIG_SHAPES:
         x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
         steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out)}
-        for size in ROWS_SWEEP:
-            steps[size] = with_rows(size, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
+        for blocks in BLOCKS_SWEEP:
+            steps[blocks] = with_blocks(blocks, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
         times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
-        for size in ROWS_SWEEP:
+        for blocks in BLOCKS_SWEEP:
             for t in (x, *keys, *values):
                 t.grad = None
-            results.append({"name": shape[0], "rows": size, "over_gemms": times[size] / times["gemms"],
-                            "peak_mib": peak_step_bytes(steps[size]) / 2**20, "default": size == default["default"]})
+            rows = -(-tokens // blocks)
+            results.append({"name": shape[0], "blocks": blocks, "rows": rows,
+                            "over_gemms": times[blocks] / times["gemms"],
+                            "peak_mib": peak_step_bytes(steps[blocks]) / 2**20, "default": rows == default_rows})
         torch.cuda.empty_cache()
     return results
 
@@ -262,8 +269,8 @@ def main() -> None:
     parser.add_argument("--no-steps", action="store_true", help="time the kernels only")
     parser.add_argument("--profile", action="store_true",
                         help="also print the GPU kernels of flash and fused at the 1-5B FFN shape (torch.profiler)")
-    parser.add_argument("--rows-sweep", action="store_true",
-                        help=f"also time flash with {', '.join(map(str, ROWS_SWEEP))} input rows a block")
+    parser.add_argument("--blocks-sweep", action="store_true",
+                        help=f"also time flash with its input rows in {', '.join(map(str, BLOCKS_SWEEP))} blocks")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     options = parser.parse_args()
     reason = unavailable_reason()
@@ -288,13 +295,13 @@ def main() -> None:
     fused_over_gemms = sum(r["fused"] for r in rows) / sum(r["gemms"] for r in rows)
     flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
     worst = max(r["flash"] / r["gemms"] for r in rows)
-    sweep = rows_sweep(options.tokens, dtype, options.repeats) if options.rows_sweep else None
+    sweep = blocks_sweep(options.tokens, dtype, options.repeats) if options.blocks_sweep else None
     if sweep:
-        print("\nflash by input rows a block (ROWS; l2_norm_gelu; * = the default):")
-        print(f"{'layer':<14} {'rows':>6} {'flash/G':>8} {'peak MiB':>9}")
+        print(f"\nflash by blocks of the {options.tokens} input rows (BLOCKS; l2_norm_gelu; * = flash's own):")
+        print(f"{'layer':<14} {'blocks':>7} {'rows':>6} {'flash/G':>8} {'peak MiB':>9}")
         for r in sweep:
-            print(f"{r['name']:<14} {r['rows']:>5}{'*' if r['default'] else ' '} {r['over_gemms']:>8.2f} "
-                  f"{r['peak_mib']:>9.0f}")
+            print(f"{r['name']:<14} {r['blocks']:>6}{'*' if r['default'] else ' '} {r['rows']:>6} "
+                  f"{r['over_gemms']:>8.2f} {r['peak_mib']:>9.0f}")
     profiled = kernel_profile("l2_norm_gelu", LARGEST_CONFIG_SHAPES[-1], options.tokens, dtype) \
         if options.profile else None
     if profiled:
@@ -303,7 +310,7 @@ def main() -> None:
         with open(options.json, "w", encoding="utf-8") as stream:
             json.dump({"tokens": options.tokens, "dtype": options.dtype, "kernels": rows,
                        "flash_over_gemms": flash_over_gemms, "fused_over_gemms": fused_over_gemms,
-                       "worst": worst, "rows_sweep": sweep, "profile": profiled}, stream, indent=1)
+                       "worst": worst, "blocks_sweep": sweep, "profile": profiled}, stream, indent=1)
     if options.no_steps:
         print(f"ratio: flash (Triton) Pattention time / six GEMMs = {flash_over_gemms:.2f} (all shapes and Θ; worst "
               f"{worst:.2f}); fused {fused_over_gemms:.2f}")

@@ -1,7 +1,7 @@
 """Pattention forward+backward time vs its six GEMMs alone, and activation memory: plain, fused and flash.
 
     .venv/bin/python -m benchmarks.pattention [--tokens 1024] [--repeats 5] [--threads N] [--clock wall|cpu]
-        [--baseline OTHER_VERSION/megatron/model/pattention/fused.py]
+        [--baseline OTHER_VERSION/megatron/model/pattention/fused.py] [--proxy-only]
 
 Shapes are the paper configs' Pattention layers (width d, n parameter tokens) for `--tokens` input
 tokens (a micro-batch slice that fits this CPU); "×3" is attention's Q, K and V run as one fused node.
@@ -15,6 +15,15 @@ fused. "non-G" is the profiler's self time of the fused run's operators other th
 the products' (a ratio within one run, so steadier under load than the timings). The last lines give
 the fused and flash times over the GEMMs' summed over all shapes and Θ (and the worst single one), the
 worst memory ratios, and flash's worst peak / fused at n ≥ 4d (the FFN shapes).
+
+First, the host proxy (issue 40: on a GPU flash waited on the host): one Pattention's forward + backward at a
+small shape (d = 64, n = 256, where compute is negligible and a call costs its host work), flash (PyTorch tiles)
+against fused, at three token counts: flash's MIN_ROWS on a CPU (one block), BLOCKS full blocks, and four times
+that many tokens (BLOCKS blocks again). "launches" is the number of aten operators torch.profiler records in
+one call (each a kernel launch on a GPU unless it is a view): flash's must be the same at the last two token
+counts. "host" is the call's time in ms (fastest of the alternating runs). With --proxy-only the proxy is all
+that runs, and its last line gives flash / fused host time at one block (the worst Θ) and flash's launches at
+the two larger token counts.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
 from benchmarks.timing import add_arguments, fastest
+from megatron.model.pattention import flash as flash_module
 from megatron.model.pattention import pattention, pattentions_function
 from megatron.model.pattention.fused import fused_pattentions
 
@@ -124,16 +134,82 @@ def memory_ratios(x, keys, values, norm_type, grad_out) -> tuple[float, float, f
             peak[flash] / peak[fused])
 
 
+def aten_operators(step: Callable[[], None]) -> int:
+    """The aten operators torch.profiler records in one call of `step` (after a warm-up call): what the host
+    dispatches, a kernel launch each on a GPU unless it is a view."""
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(event.count for event in prof.key_averages() if event.key.startswith("aten::"))
+
+
+PROXY_SHAPE = (64, 256)  # d, n
+
+
+def proxy_token_counts() -> tuple[int, int, int]:
+    """One flash block on a CPU, BLOCKS full blocks, and four times as many tokens."""
+    device = torch.device("cpu")
+    full = flash_module.BLOCKS["cpu"] * flash_module.MIN_ROWS["cpu"]
+    counts = (flash_module.MIN_ROWS["cpu"], full, 4 * full)
+    assert [len(flash_module.row_blocks(t, device)) for t in counts] == [1, *[flash_module.BLOCKS["cpu"]] * 2], counts
+    return counts
+
+
+def host_proxy(repeats: int, clock: str) -> list[dict]:
+    """Flash (PyTorch tiles) and fused at PROXY_SHAPE, every Θ, each of proxy_token_counts(): flash's blocks, the
+    aten operators of one forward + backward of each, and each one's fastest time (s)."""
+    d, n = PROXY_SHAPE
+    rows = []
+    for norm_type in NORM_TYPES:
+        for tokens in proxy_token_counts():
+            x, keys, values, grad_out = tensors(tokens, d, n, 1)
+            steps = {"flash": forward_backward(flash, x, keys, values, norm_type, grad_out),
+                     "fused": forward_backward(fused, x, keys, values, norm_type, grad_out)}
+            launches = {name: aten_operators(step) for name, step in steps.items()}
+            times = fastest(steps, repeats, clock)
+            rows.append({"norm": norm_type, "tokens": tokens, "blocks": len(flash_module.row_blocks(tokens, x.device)),
+                         **{f"{name} launches": launches[name] for name in steps},
+                         **{f"{name} host": times[name] for name in steps}})
+    return rows
+
+
+def print_host_proxy(rows: list[dict]) -> str:
+    """Prints the proxy's table; returns its summary (the --proxy-only ratio line, without "ratio: ")."""
+    d, n = PROXY_SHAPE
+    print(f"host proxy: one Pattention forward + backward at d={d}, n={n} (ms; launches = aten operators a call)")
+    header = (f"{'Θ':<13} {'tokens':>6} {'blocks':>6} {'flash launches':>14} {'fused launches':>14} "
+              f"{'flash host':>10} {'fused host':>10} {'flash/fused host':>16}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['norm']:<13} {r['tokens']:>6} {r['blocks']:>6} {r['flash launches']:>14} "
+              f"{r['fused launches']:>14} {r['flash host'] * 1e3:>10.2f} {r['fused host'] * 1e3:>10.2f} "
+              f"{r['flash host'] / r['fused host']:>16.2f}")
+    one, full, more = proxy_token_counts()
+    worst = max(r["flash host"] / r["fused host"] for r in rows if r["tokens"] == one)
+    launches = {t: max(r["flash launches"] for r in rows if r["tokens"] == t) for t in (full, more)}
+    return (f"flash / fused host time at {one} tokens (one block) = {worst:.2f} (worst Θ); flash launches at "
+            f"{full} and {more} tokens ({flash_module.BLOCKS['cpu']} blocks each) = {launches[full]} and "
+            f"{launches[more]} (most of any Θ)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--baseline", type=Path, help="another version's megatron/model/pattention/fused.py "
                         "(before the subpackage: megatron/model/pattention.py): its fused_pattention is timed too, "
                         "alternating with the others (column base/G)")
+    parser.add_argument("--proxy-only", action="store_true", help="run only the host proxy (seconds)")
     add_arguments(parser)
     args = parser.parse_args()
     baseline = load_baseline(args.baseline) if args.baseline else None
     torch.set_num_threads(args.threads)
+    print(f"threads={args.threads} fp32; fastest of {args.repeats} alternating runs ({args.clock} clock)")
+    proxy = print_host_proxy(host_proxy(args.repeats, args.clock))
+    if args.proxy_only:
+        print(f"ratio: {proxy}")
+        return
+    print(f"host proxy: {proxy}\n")
     print(f"threads={args.threads} tokens={args.tokens} fp32; fastest of {args.repeats} alternating runs "
           f"({args.clock} clock, ms)")
     header = (f"{'Θ':<13} {'layer':<14} {'d':>5} {'n':>5} {'GEMMs':>8} {'plain':>8} {'fused':>8} {'flash':>8} "

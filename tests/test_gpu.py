@@ -105,7 +105,8 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, p
     from megatron.model.pattention import flash, pattention, pattentions_function
 
     assert os.environ.get("TRITON_INTERPRET", "0") == "0", "Triton would interpret the kernels, not compile them"
-    monkeypatch.setattr(flash, "ROWS", {"cpu": 64, "default": 64})
+    monkeypatch.setattr(flash, "MIN_ROWS", {"cpu": 64, "default": 64})
+    monkeypatch.setattr(flash, "BLOCKS", {"cpu": 2**62, "default": 2**62})  # 64-row blocks, whatever the rows
     rows, d_in, d_out, counts, tau = CASES[case]
     seed = int.from_bytes(os.urandom(4), "little")
     g = torch.Generator().manual_seed(seed)
@@ -152,8 +153,9 @@ def test_bf16_block_products_are_accumulated_in_fp32():
     assert error < 1e-5, error
 
 
-# 9 sequences of 512 a batch, 4608 tokens: on CUDA two full flash blocks of flash.ROWS (2048) input rows and a
-# ragged last one of 512 (tests/test_gpu_check.py checks the blocks on the CPU).
+# 9 sequences of 512 a batch, 4608 tokens: on CUDA flash cuts blocks of flash.MIN_ROWS (2048) input rows (4608 /
+# flash.BLOCKS is fewer), two full ones and a ragged last one of 512 (tests/test_gpu_check.py checks the blocks on
+# the CPU).
 TRAINING_SEQUENCES, TRAINING_LENGTH = 9, 512
 # bf16's unit roundoff: flash and fused differ only in where bf16 values are rounded and in the order of fp32
 # sums (dK, dV over the blocks), and measured 3.1e-4 apart at most over 30 iterations at the 1-5B shapes, 8 blocks

@@ -48,14 +48,18 @@ def assert_matches(got, want, backend, exact=(1e-10, 1e-12)):
         torch.testing.assert_close(got, want, rtol=exact[0], atol=exact[1])
 
 
-def small_blocks(monkeypatch=None, rows=5):
-    """flash's blocks of `rows` input rows, so that small inputs cross several and end in a ragged one (set
-    directly in a forked rank, which the monkeypatch cannot undo anyway)."""
-    blocks = {"cpu": rows, "default": rows}
-    if monkeypatch is None:
-        flash.ROWS = blocks
-    else:
-        monkeypatch.setattr(flash, "ROWS", blocks)
+def small_blocks(monkeypatch=None, rows=5, blocks=None):
+    """flash's blocks of `rows` input rows (MIN_ROWS; BLOCKS out of the way), or with `blocks`, of ceil(tokens /
+    blocks) rows (BLOCKS; MIN_ROWS out of the way), so that small inputs cross several and end in a ragged one
+    (set directly in a forked rank, which the monkeypatch cannot undo anyway)."""
+    settings = {"MIN_ROWS": {"cpu": rows, "default": rows}, "BLOCKS": {"cpu": 2**62, "default": 2**62}}
+    if blocks is not None:
+        settings = {"MIN_ROWS": {"cpu": 1, "default": 1}, "BLOCKS": {"cpu": blocks, "default": blocks}}
+    for name, value in settings.items():
+        if monkeypatch is None:
+            setattr(flash, name, value)
+        else:
+            monkeypatch.setattr(flash, name, value)
 
 
 def inputs(n=29, count=1, dtype=torch.float64, seed=0):
@@ -267,8 +271,9 @@ def all_reduce_of(op):
 
 
 def _blocks_on_rank(impl, backend, world):
-    """For each Θ: this rank's block of each of three Pattentions' tokens, statistics all-reduced."""
-    small_blocks(rows=5)
+    """For each Θ: this rank's block of each of three Pattentions' tokens, statistics all-reduced; flash cuts the
+    14 input rows into 3 blocks (5, 5 and 4 rows) on every rank, whatever its number of tokens."""
+    small_blocks(blocks=3)
     rank, shares = dist.get_rank(), []
     for theta in NORM_ACTIVATIONS:
         x, keys, values = inputs(n=26, count=3)
@@ -308,13 +313,16 @@ def grown_copy(layer, new_count, mode="preserve"):
 @pytest.mark.parametrize("tokens, grown", [(32, 64), (64, 128), (96, 192), (512, 1024)])
 @pytest.mark.parametrize("impl", ["fused", "flash"])
 @pytest.mark.parametrize("theta", L2)
-def test_preserve_growth_keeps_every_bit_of_the_output_and_the_old_gradients(theta, impl, tokens, grown):
+def test_preserve_growth_keeps_every_bit_of_the_output_and_the_old_gradients(monkeypatch, theta, impl, tokens,
+                                                                             grown):
     """Three Pattentions of one input (d_in = d_out = 64) grown with zero keys and the old n: in fp32 the output,
     dX and the old tokens' gradients keep every bit, whichever side of d the token count falls (a GEMM order that
-    depended on n would move the first update after growth, which Adam's moments then amplify); flash over two
-    blocks of rows, whose partition growth leaves as it was. Where a row reduction runs over a row that growth
+    depended on n would move the first update after growth, which Adam's moments then amplify); flash over three
+    blocks of the 256 input rows (86, 86 and 84), a partition made from the input rows alone, which growth leaves
+    as it was. Where a row reduction runs over a row that growth
     lengthens with zeros, the library may sum it in another order and the last bits may move, for the plain
     formula too (on this CPU at 600 -> 1200 tokens; test_grow_checkpoint allows that): hence these sizes."""
+    small_blocks(monkeypatch, blocks=3)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 64, 64, generator=g)
     layers = [Pattention(64, 64, tokens, theta, impl=impl) for _ in range(3)]

@@ -2,7 +2,8 @@
 Triton tile kernels (tiles_triton.py) equal the PyTorch tiles (tiles_torch.py) one by one; the fused node keeps
 at most 0.6 of the plain formula's activation memory, flash keeps for backward what does not grow with n and
 peaks far below fused; attention's fused path (Q, K, V in one node, heads and rotary in one node) equals the
-same attention composed from plain parts, with fused and with flash Pattentions.
+same attention composed from plain parts, with fused and with flash Pattentions; flash's host work (the
+operators it launches a call) does not grow with the token count, and at one block is about fused's.
 
 On a machine without a GPU the kernels run under Triton's interpreter: tiles_triton sets TRITON_INTERPRET before
 it imports triton, so it is imported first. Shapes are ragged against every block size (37 rows, 70 or 300
@@ -20,10 +21,11 @@ import torch.nn.functional as F
 
 from megatron.model.pattention import tiles_triton  # isort: skip  (first: sets TRITON_INTERPRET on CPU)
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
+from benchmarks.pattention import aten_operators
 from megatron.model.args import NORM_ACTIVATIONS, TokenFormerArgs
 from megatron.model.attention import SelfAttention
-from megatron.model.pattention import pattention, tiles_torch
-from megatron.model.pattention.flash import flash_pattentions
+from megatron.model.pattention import flash, pattention, tiles_torch
+from megatron.model.pattention.flash import flash_pattentions, row_blocks
 from megatron.model.pattention.fused import fused_pattention, fused_pattentions
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -190,6 +192,39 @@ def test_flash_peak_memory_at_most_three_tenths_of_the_fused_node_at_n_4d(norm_t
                                      (x, key, value))
 
     assert peak(flash_pattentions) <= 0.3 * peak(fused_pattentions)
+
+
+# --- Flash's host work -----------------------------------------------------------------------------------
+
+def launches(fn, tokens, norm_type, **tiles):
+    """torch.profiler's aten operators of one forward + backward of three Pattentions of one input (τ ≠ 1)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, 16, generator=g).requires_grad_()
+    keys, values = ([torch.randn(24, 16, generator=g).mul_(0.3).requires_grad_() for _ in range(3)] for _ in "kv")
+    upstream = torch.randn(3, tokens, 16, generator=g)
+    return aten_operators(lambda: fn(x, keys, values, norm_type, 0.7, [24, 30, 20], **tiles).backward(upstream))
+
+
+@pytest.mark.parametrize("norm_type", NORM_ACTIVATIONS)
+def test_flash_launches_as_many_operators_at_four_times_the_tokens(norm_type):
+    """At BLOCKS full blocks of input rows and at four times as many rows flash cuts the same number of blocks,
+    and so launches the same operators (a fixed row size would launch about four times as many)."""
+    cpu = torch.device("cpu")
+    tokens = flash.BLOCKS["cpu"] * flash.MIN_ROWS["cpu"], 4 * flash.BLOCKS["cpu"] * flash.MIN_ROWS["cpu"]
+    assert [len(row_blocks(t, cpu)) for t in tokens] == [flash.BLOCKS["cpu"]] * 2
+    counts = [launches(flash_pattentions, t, norm_type, tiles=tiles_torch) for t in tokens]
+    assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("norm_type", NORM_ACTIVATIONS)
+def test_flash_in_one_block_launches_about_what_fused_does(norm_type):
+    """An input of MIN_ROWS rows is one block: flash then launches fused's operators, one GEMM more and a fixed
+    few (splits, one cat per row statistic), at most 1.5 × fused's with the same tiles, where two blocks would
+    launch about twice as many."""
+    rows = flash.MIN_ROWS["cpu"]
+    assert len(row_blocks(rows, torch.device("cpu"))) == 1
+    fused = launches(fused_pattentions, rows, norm_type, tiles=tiles_torch)
+    assert launches(flash_pattentions, rows, norm_type, tiles=tiles_torch) <= 1.5 * fused
 
 
 # --- Attention's fused path ----------------------------------------------------------------------------

@@ -1,15 +1,19 @@
 """Flash Pattention: Θ(τ·X·K_Pᵀ)·V_P without ever holding the [tokens × n] score matrix of all input rows.
 
-The input rows are visited in blocks of ROWS. Θ normalises each score row on its own (its statistics are
-sums or maxima over that row's n entries), so a block of whole rows is normalised exactly as the fused node
+The input rows are cut into at most BLOCKS blocks of whole rows (row_blocks: ceil(tokens / BLOCKS) rows a
+block, never fewer than the device type's MIN_ROWS). Θ normalises each score row on its own (its statistics
+are sums or maxima over that row's n entries), so a block of whole rows is normalised exactly as the fused node
 normalises all of them: each block's scores A_r = τ·X_r·K_Pᵀ are made, normalised by fused.py's functions on
 the tile backend (`tiles`: tiles_torch.py or tiles_triton.py, chosen by registry.py), multiplied by V_P and
 dropped. Backward recomputes each block's scores from the saved input: seven GEMMs where the fused node does
 six, and nothing else, whatever Θ. What one Pattention keeps for backward is its input and fp32 row statistics
 (s and the row factor; softmax also its row max), 8 or 12 bytes a token whatever n is; what it holds while it
-runs is a few [ROWS, n] buffers, ROWS/tokens of the fused node's.
+runs is a few [rows, n] buffers, about 1/BLOCKS of the fused node's.
 
-ROWS is fixed per device type, never derived from n or from the token count, so that
+The number of blocks, not their size, is what is fixed: the host work and the operators launched per call
+(a fixed number per block) do not grow with the token count, and at a small token count (one block) flash
+launches what the fused node launches, plus a GEMM and a fixed few (splits, one cat per row statistic). The
+blocks depend on the token count and the device type alone, never on n, so that
   - every tensor-parallel rank cuts the same blocks: the row statistics' all-reduces (`reduce_sum`,
     `reduce_max`, one or two per block in forward and one in backward, as the fused node makes for all rows)
     match across ranks even where the ranks hold different numbers of parameter tokens;
@@ -30,18 +34,34 @@ from torch import Tensor
 
 from megatron.model.pattention import tiles_torch
 from megatron.model.pattention.fused import normalize_backward_by_tiles, normalize_by_tiles
-from megatron.model.pattention.theta import Reduce, check_theta, identity
+from megatron.model.pattention.theta import ZERO_ROW_GUARD, Reduce, check_theta, identity
 
-# Input rows a block, by device type. A GPU wants GEMMs of a few thousand rows to fill its SMs (at the 1-5B FFN,
-# n = 6144, a bf16 [2048, n] buffer is 24 MiB; backward holds four; benchmarks.gpu_pattention --rows-sweep times
-# the choice). On a CPU more rows run faster, but at 1024 tokens 128 rows already hold 0.43 of the fused node's
-# peak memory (benchmarks/RESULTS.md).
-ROWS = {"cpu": 64, "default": 2048}
+# Blocks of input rows a call cuts, at most, by device type. The memory target (flash's peak at most 0.35 of the
+# fused node's at n >= 4d) sets it. Backward's [rows, n] buffers are then 1/BLOCKS of a [tokens, n] one whatever
+# the token count, so the ratio stays as it is across micro-batches (where MIN_ROWS does not bind). On an H100
+# at 16,384 tokens (1-5B FFN, bf16, Triton tiles) 2048-row blocks (8, the blocks flash cuts there) peaked at 0.34
+# of fused, 4096-row ones (4) at 0.47 (benchmarks/gpu_reports/2026-11-27-h100-gpu_check.md). On a CPU
+# the PyTorch tiles hold about six fp32 [rows, n] buffers where the fused node's own passes hold two or three
+# [tokens, n] ones: at the 150M FFN (fp32, 1024 or 4096 tokens) 8 blocks peak at 0.43 of fused, 16 at 0.27.
+# benchmarks.gpu_pattention --blocks-sweep times the GPU's choice.
+BLOCKS = {"cpu": 16, "default": 8}
+# The fewest input rows a block, by device type, so that small inputs run in one block or a few (one block:
+# the operators of the fused node and one GEMM more): on a GPU blocks of a few thousand rows fill the SMs and
+# keep the launches few (the sweep above: 512-row blocks took 3.8 x the time of 2048-row ones at the 1-5B Q,
+# K, V); on a CPU the memory test's 1024 tokens already need 64-row blocks (tests/test_pattention_kernels.py).
+MIN_ROWS = {"cpu": 64, "default": 2048}
+
+
+def rows_per_block(tokens: int, device: torch.device) -> int:
+    """Input rows of each of flash's blocks (the last may hold fewer): ceil(tokens / BLOCKS), at least MIN_ROWS
+    (both by `device`'s type)."""
+    blocks = BLOCKS.get(device.type, BLOCKS["default"])
+    return max(MIN_ROWS.get(device.type, MIN_ROWS["default"]), -(-tokens // blocks), 1)
 
 
 def row_blocks(tokens: int, device: torch.device) -> list[slice]:
-    """The blocks of input rows flash visits, in order."""
-    rows = ROWS.get(device.type, ROWS["default"])
+    """The blocks of input rows flash visits, in order: at most BLOCKS, whatever the token count."""
+    rows = rows_per_block(tokens, device)
     return [slice(start, min(start + rows, tokens)) for start in range(0, tokens, rows)]
 
 
@@ -98,21 +118,29 @@ class _FlashPattention(torch.autograd.Function):
         if tau != 1.0:
             x = x * tau
         n = n.to(torch.promote_types(x.dtype, torch.float32))
+        root_n = n.sqrt()  # once, not per block
+        rows_a_block = rows_per_block(len(x), x.device)
+        x_blocks = x.split(rows_a_block)
         out = x.new_empty(len(keys), len(x), values[0].shape[1])
-        statistics = torch.empty(len(keys), len(x), 1, dtype=n.dtype, device=x.device)
-        rows = torch.empty_like(statistics)
-        row_maxes = torch.empty_like(statistics) if theta == "softmax" else None
-        for b, (key, value) in enumerate(zip(keys, values)):
-            for r in row_blocks(len(x), x.device):
-                weights, statistics[b, r], rows[b, r], row_max = normalize_by_tiles(
-                    torch.mm(x[r], key.t()), theta, n[b], tiles, reduce_sum, reduce_max)
-                torch.mm(weights, value, out=out[b, r])
+        statistics, rows, row_maxes = [], [], []  # per Pattention and block; one cat each after the loop
+        for key, value, n_b, root_n_b, out_b in zip(keys, values, n, root_n, out):
+            key_t = key.t()
+            for x_r, out_r in zip(x_blocks, out_b.split(rows_a_block)):
+                weights, statistic, row, row_max = normalize_by_tiles(
+                    torch.mm(x_r, key_t), theta, n_b, tiles, reduce_sum, reduce_max, root_n_b)
+                torch.mm(weights, value, out=out_r)
                 del weights  # before the next block's scores exist
                 if theta != "l2_norm_gelu":
-                    out[b, r].mul_(rows[b, r])
-                if row_maxes is not None:
-                    row_maxes[b, r] = row_max
-        ctx.save_for_backward(x, n, statistics, rows, row_maxes, *tokens)
+                    out_r.mul_(row)
+                statistics.append(statistic)
+                rows.append(row)
+                row_maxes.append(row_max)
+
+        def per_row(blocks: list[Tensor]) -> Tensor:  # [B, tokens, 1] in n's dtype, at least fp32
+            return torch.cat(blocks).view(len(keys), len(x), 1).to(n.dtype)
+
+        row_maxes = per_row(row_maxes) if theta == "softmax" else None
+        ctx.save_for_backward(x, n, per_row(statistics), per_row(rows), row_maxes, *tokens)
         ctx.theta, ctx.tau, ctx.reduce_sum, ctx.tiles = theta, tau, reduce_sum, tiles
         return out
 
@@ -122,22 +150,34 @@ class _FlashPattention(torch.autograd.Function):
         keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
         grad_out = grad_out.contiguous()
         acc_dtype = torch.promote_types(x.dtype, torch.float32)
+        rows_a_block = rows_per_block(len(x), x.device)
         grad_x = torch.empty_like(x)
         grad_keys = [torch.zeros(key.shape, dtype=acc_dtype, device=x.device) for key in keys]
         grad_values = [torch.zeros(value.shape, dtype=acc_dtype, device=x.device) for value in values]
-        for r in row_blocks(len(x), x.device):
-            grad_x_block = grad_x[r].zero_() if acc_dtype == x.dtype else x.new_zeros(grad_x[r].shape, dtype=acc_dtype)
-            for b, (key, value) in enumerate(zip(keys, values)):
+        live = (statistics > ZERO_ROW_GUARD).to(statistics.dtype)  # once for all blocks
+        # dX of a block is summed over the Pattentions in at least fp32: one buffer for every block
+        block_sum = None if acc_dtype == x.dtype else x.new_empty(rows_a_block, x.shape[1], dtype=acc_dtype)
+
+        # Every per-row tensor cut into its blocks once (views), not indexed per block.
+        def blocks(t: Tensor | None) -> list:
+            return [None] * len(keys) if t is None else [t_b.split(rows_a_block) for t_b in t]
+
+        per_pattention = list(zip(keys, [key.t() for key in keys], values, n, blocks(grad_out), blocks(statistics),
+                                  blocks(rows), blocks(row_maxes), blocks(live), grad_keys, grad_values))
+        for r, (x_r, grad_x_r) in enumerate(zip(x.split(rows_a_block), grad_x.split(rows_a_block))):
+            grad_x_block = grad_x_r.zero_() if block_sum is None else block_sum[:len(x_r)].zero_()
+            for key, key_t, value, n_b, grad_out_b, statistic_b, row_b, row_max_b, live_b, grad_key, grad_value \
+                    in per_pattention:
                 weights, grad_scores = normalize_backward_by_tiles(
-                    torch.mm(x[r], key.t()), grad_out[b, r], value, ctx.theta, statistics[b, r], rows[b, r],
-                    None if row_maxes is None else row_maxes[b, r], n[b], ctx.tiles, ctx.reduce_sum)
-                accumulate(grad_values[b], weights.t(), grad_out[b, r])
+                    torch.mm(x_r, key_t), grad_out_b[r], value, ctx.theta, statistic_b[r], row_b[r],
+                    None if row_max_b is None else row_max_b[r], n_b, ctx.tiles, ctx.reduce_sum, live_b[r])
+                accumulate(grad_value, weights.t(), grad_out_b[r])
                 del weights
-                accumulate(grad_keys[b], grad_scores.t(), x[r])
+                accumulate(grad_key, grad_scores.t(), x_r)
                 accumulate(grad_x_block, grad_scores, key)
                 del grad_scores
             if grad_x_block.dtype != x.dtype:
-                grad_x[r].copy_(grad_x_block)
+                grad_x_r.copy_(grad_x_block)
         if ctx.tau != 1.0:
             grad_x.mul_(ctx.tau)
         return (grad_x, None, None, None, None, None, None, *(g.to(k.dtype) for g, k in zip(grad_keys, keys)),

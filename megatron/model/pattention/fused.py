@@ -93,11 +93,11 @@ def _normalize_backward(s: Tensor, grad_out: Tensor, value: Tensor, theta: str, 
     return grad_value, grad_scores.to(grad_out.dtype)
 
 
-def normalize_by_tiles(a: Tensor, theta: str, n: Tensor, tiles: ModuleType, reduce_sum: Reduce,
-                       reduce_max: Reduce) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def normalize_by_tiles(a: Tensor, theta: str, n: Tensor, tiles: ModuleType, reduce_sum: Reduce, reduce_max: Reduce,
+                       root_n: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Θ's forward on whole score rows a [rows, n] by a tile backend's functions (one kernel pass or two, a left
-    as it is: fused keeps it; flash calls this on each block of rows). Returns (W without its row factor, s, the
-    row factor, softmax's row max), the statistics [rows, 1] in fp32."""
+    as it is: fused keeps it; flash calls this on each block of rows, passing √n, `root_n`, made once). Returns
+    (W without its row factor, s, the row factor, softmax's row max), the statistics [rows, 1] in fp32."""
     if theta == "softmax":
         row_max = reduce_max(at_least_fp32(a.amax(dim=-1, keepdim=True)))
         weights, total = tiles.softmax_forward(a, row_max)
@@ -108,17 +108,20 @@ def normalize_by_tiles(a: Tensor, theta: str, n: Tensor, tiles: ModuleType, redu
         statistic = reduce_sum(squares)
     else:
         weights, statistic = None, reduce_sum(tiles.sum_squares(a))
-    row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt())
+    row = torch.rsqrt(statistic.clamp(min=ZERO_ROW_GUARD)).mul_(n.sqrt() if root_n is None else root_n)
     return weights if weights is not None else tiles.l2_norm_gelu_forward(a, row), statistic, row, None
 
 
 def normalize_backward_by_tiles(a: Tensor, grad_out: Tensor, value: Tensor, theta: str, statistic: Tensor,
                                 row: Tensor, row_max: Tensor | None, n: Tensor, tiles: ModuleType,
-                                reduce_sum: Reduce) -> tuple[Tensor, Tensor]:
+                                reduce_sum: Reduce, live: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(W', dA) of one Pattention from whole score rows a [rows, n] and their dY by a tile backend's functions:
-    one pass for the row reduction c, one for dA and W', the weights with their row factor (dV = W'ᵀ·dY)."""
+    one pass for the row reduction c, one for dA and W', the weights with their row factor (dV = W'ᵀ·dY).
+    `live`, 1 where the statistic is above ZERO_ROW_GUARD and 0 elsewhere, is made here unless given (flash
+    makes it once for all its blocks)."""
     grad_weights = torch.mm(grad_out, value.t())
-    live = (statistic > ZERO_ROW_GUARD).to(statistic.dtype)
+    if live is None:
+        live = (statistic > ZERO_ROW_GUARD).to(statistic.dtype)
     if theta == "l2_norm_gelu":
         c = reduce_sum(tiles.l2_norm_gelu_backward_dot(a, grad_weights, row))
         weights, grad_scores = tiles.l2_norm_gelu_gradient(a, grad_weights, row, c.mul_(live).div_(n))
