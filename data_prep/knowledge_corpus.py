@@ -1,15 +1,20 @@
 """A synthetic knowledge corpus: made-up people, each with a few attributes, written as sentences from templates.
 
-    python data_prep/knowledge_corpus.py --out data/knowledge [--first-names 64] [--last-names 32]
-        [--values 32] [--tokens 12000000] [--seed 0]
+    python data_prep/knowledge_corpus.py --out data/knowledge [--people 256] [--values 32] [--tokens 12000000]
+        [--seed 0]
 
-Every person (a first and a last name, FIRST × LAST of them) has one value of each attribute of ATTRIBUTES (a
-birthplace, a job, a colour, a pet), drawn at random from `--values` made-up words per attribute. A document is
-a run of sentences, each stating one attribute of one person, picked uniformly, in one of the attribute's
-templates ("ruvo tasel was born in kemara ."). Nothing about a person can be inferred from anything else, so a
-model lowers its loss on the value words only by storing the facts: the second capacity-bound task of the growth
-study (issue 41), closer to text than the Markov source (data_prep/markov_corpus.py): words, templates a small
-model learns as well as a large one, and facts only capacity holds.
+Every person (a made-up name, one word) has one value of each attribute of ATTRIBUTES (a birthplace, a job, a
+colour, a pet), drawn at random from `--values` made-up words per attribute. A document is a run of sentences,
+each stating one attribute of one person, picked uniformly, in the attribute's template ("ruvotasel born kemara
+."). Nothing about a person can be inferred from anything else, so a model lowers its loss on the value words
+only by storing the facts: the second capacity-bound task of the growth study (issue 41), closer to text than the
+Markov source (data_prep/markov_corpus.py): words, sentences whose form a small model learns as well as a large
+one, and facts (deterministic, one per sentence) that only capacity holds.
+
+The templates are telegraphic, the value right after the name and the attribute's word: with the sentences of
+longer templates ("the birthplace of ruvotasel is kemara .", two or three words between name and value) no
+model of the study's sizes learned a single fact within its 750 steps (benchmarks/RESULTS.md, issue 41), as
+retrieving a name a few words back is learned late; the study measures storing, not that.
 
 The loss of a model that knows every fact is the entropy of what stays random (which sentence, which person:
 `floor_nats`, per token, written to OUT/knowledge_source.json); one that knows none pays ln(values) more on each
@@ -35,12 +40,13 @@ from megatron.data.preprocess import output_prefix_for
 from megatron.tokenizer.hf_tokenizer import EOD_TOKEN
 
 NAME = "knowledge"
-# attribute -> its templates; NAME stands for the person's two words, VALUE for the attribute's value
+# attribute -> its templates; NAME stands for the person's name, VALUE for the attribute's value. One each, as
+# longer ones were not learned at the study's sizes (above); a template of more words can be added to a tuple.
 ATTRIBUTES = {
-    "birthplace": ("NAME was born in VALUE .", "the birthplace of NAME is VALUE ."),
-    "job": ("NAME works as a VALUE .", "the job of NAME is VALUE ."),
-    "colour": ("NAME likes the colour VALUE .", "the favourite colour of NAME is VALUE ."),
-    "pet": ("NAME owns a VALUE .", "the pet of NAME is a VALUE ."),
+    "birthplace": ("NAME born VALUE .",),
+    "job": ("NAME works VALUE .",),
+    "colour": ("NAME likes VALUE .",),
+    "pet": ("NAME owns VALUE .",),
 }
 DOCUMENT_TOKENS = 2048  # about: whole sentences up to this many tokens
 SENTENCES_AT_ONCE = 65536
@@ -63,33 +69,32 @@ def template_words() -> list[str]:
                    if word not in ("NAME", "VALUE")})
 
 
-def vocabulary(first: list[str], last: list[str], values: dict[str, list[str]]) -> list[str]:
-    words = [*template_words(), *first, *last, *(word for attribute in ATTRIBUTES for word in values[attribute])]
+def vocabulary(names: list[str], values: dict[str, list[str]]) -> list[str]:
+    words = [*template_words(), *names, *(word for attribute in ATTRIBUTES for word in values[attribute])]
     if len(set(words)) != len(words):
         raise ValueError("a made-up word collides with a template word; choose another --seed")
     return words
 
 
-def world(first_names: int, last_names: int, values: int, seed: int):
-    """The names, each attribute's values, and the facts: [people, attributes] value indices."""
+def world(people: int, values: int, seed: int):
+    """The people's names, each attribute's values, and the facts: [people, attributes] value indices."""
     rng = np.random.default_rng([seed, 0])
     taken = set(template_words())
-    first, last = made_up_words(first_names, rng, taken), made_up_words(last_names, rng, taken)
+    names = made_up_words(people, rng, taken)
     attribute_values = {attribute: made_up_words(values, rng, taken) for attribute in ATTRIBUTES}
-    facts = rng.integers(0, values, (first_names * last_names, len(ATTRIBUTES)))
-    return first, last, attribute_values, facts
+    facts = rng.integers(0, values, (people, len(ATTRIBUTES)))
+    return names, attribute_values, facts
 
 
 def templates_as_ids(ids: dict[str, int]) -> list[np.ndarray]:
-    """Each (attribute, template), in ATTRIBUTES' order, as token ids: -1 for the first name, -2 the last name,
-    -3 the value."""
-    slots = {"NAME": [-1, -2], "VALUE": [-3]}
+    """Each (attribute, template), in ATTRIBUTES' order, as token ids: -1 for the name, -3 the value."""
+    slots = {"NAME": [-1], "VALUE": [-3]}
     return [np.array([i for word in template.split() for i in slots.get(word, [ids.get(word)])])
             for options in ATTRIBUTES.values() for template in options]
 
 
-def stream(count: int, facts: np.ndarray, ids: dict[str, int], first: list[str], last: list[str],
-           values: dict[str, list[str]], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def stream(count: int, facts: np.ndarray, ids: dict[str, int], names: list[str], values: dict[str, list[str]],
+           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """`count` sentences, each about a uniform person in a uniform (attribute, template), one after the other:
     (token ids, each sentence's start). Built template by template, without a loop over sentences."""
     templates = templates_as_ids(ids)
@@ -98,15 +103,13 @@ def stream(count: int, facts: np.ndarray, ids: dict[str, int], first: list[str],
     lengths = np.array([len(t) for t in templates])[chosen]
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     out = np.empty(int(lengths.sum()), dtype=np.int64)
-    first_ids = np.array([ids[word] for word in first])
-    last_ids = np.array([ids[word] for word in last])
+    name_ids = np.array([ids[word] for word in names])
     value_ids = np.array([[ids[word] for word in values[attribute]] for attribute in ATTRIBUTES])
     for index, template in enumerate(templates):
         which = np.flatnonzero(chosen == index)
         who = people[which]
         attribute = index // per_attribute
-        fill = {-1: first_ids[who // len(last)], -2: last_ids[who % len(last)],
-                -3: value_ids[attribute, facts[who, attribute]]}
+        fill = {-1: name_ids[who], -3: value_ids[attribute, facts[who, attribute]]}
         block = np.repeat(template[None, :], len(which), axis=0)
         for slot, column in fill.items():
             block[:, template == slot] = column[:, None]
@@ -114,30 +117,29 @@ def stream(count: int, facts: np.ndarray, ids: dict[str, int], first: list[str],
     return out, starts
 
 
-def entropies(first_names: int, last_names: int, values: int, words: dict[str, int]) -> dict[str, float]:
+def entropies(people: int, values: int, words: dict[str, int]) -> dict[str, float]:
     """Nats per token: `floor_nats` (every fact known: which template, which person), `no_facts_nats` (none)."""
     templates = [template.split() for options in ATTRIBUTES.values() for template in options]
-    mean_tokens = sum(len(t) + 1 for t in templates) / len(templates)  # NAME is two words
-    # which template: its first word tells the kind ("the" or a first name), the rest the next words; the
-    # person: two uniform words. An upper bound on what stays random.
-    random_per_sentence = math.log(len(templates)) + math.log(first_names * last_names)
+    mean_tokens = sum(len(t) for t in templates) / len(templates)
+    # which template and which person: an upper bound on what stays random
+    random_per_sentence = math.log(len(templates)) + math.log(people)
     floor = random_per_sentence / mean_tokens
     return {"floor_nats": floor, "no_facts_nats": floor + math.log(values) / mean_tokens,
             "mean_sentence_tokens": mean_tokens, "vocabulary": len(words) + 1}
 
 
-def build(out: Path, first_names: int, last_names: int, values: int, tokens: int, seed: int) -> str:
+def build(out: Path, people: int, values: int, tokens: int, seed: int) -> str:
     """Write the tokenizer, the dataset and the world's description; returns the dataset prefix."""
     out.mkdir(parents=True, exist_ok=True)
-    first, last, attribute_values, facts = world(first_names, last_names, values, seed)
-    words = vocabulary(first, last, attribute_values)
+    names, attribute_values, facts = world(people, values, seed)
+    words = vocabulary(names, attribute_values)
     ids = {word: i for i, word in enumerate(words)}
     eod = len(words)
     prefix = output_prefix_for(str(out / NAME), "text")
     builder = MMapIndexedDatasetBuilder(data_file_path(prefix), dtype=np.uint16)
     rng, written = np.random.default_rng([seed, 1]), 0
     while written < tokens:  # documents of whole sentences, cut where a sentence starts past DOCUMENT_TOKENS
-        flat, starts = stream(SENTENCES_AT_ONCE, facts, ids, first, last, attribute_values, rng)
+        flat, starts = stream(SENTENCES_AT_ONCE, facts, ids, names, attribute_values, rng)
         cuts = np.flatnonzero(np.diff(starts // DOCUMENT_TOKENS)) + 1
         for document in np.split(flat, starts[cuts]):
             with_eod = np.append(document, eod).astype(np.uint16)
@@ -149,10 +151,9 @@ def build(out: Path, first_names: int, last_names: int, values: int, tokens: int
     tokenizer = Tokenizer(WordLevel({**ids, EOD_TOKEN: eod}, unk_token=EOD_TOKEN))
     tokenizer.pre_tokenizer = WhitespaceSplit()
     tokenizer.save(str(out / "tokenizer.json"))
-    description = {"people": first_names * last_names, "first_names": first_names, "last_names": last_names,
-                   "attributes": list(ATTRIBUTES), "values_per_attribute": values, "seed": seed,
+    description = {"people": people, "attributes": list(ATTRIBUTES), "values_per_attribute": values, "seed": seed,
                    "facts": int(facts.size), "fact_bits": facts.size * math.log2(values),
-                   **entropies(first_names, last_names, values, ids)}
+                   **entropies(people, values, ids)}
     (out / f"{NAME}_source.json").write_text(json.dumps(description, indent=1) + "\n", encoding="utf-8")
     return prefix
 
@@ -160,18 +161,17 @@ def build(out: Path, first_names: int, last_names: int, values: int, tokens: int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--first-names", type=int, default=64)
-    parser.add_argument("--last-names", type=int, default=32)
+    parser.add_argument("--people", type=int, default=256)
     parser.add_argument("--values", type=int, default=32, help="made-up words per attribute")
     parser.add_argument("--tokens", type=int, default=12_000_000, help="about this many tokens in all")
     parser.add_argument("--seed", type=int, default=0, help="picks the words, the facts and the sentences")
     args = parser.parse_args(argv)
-    for name in ("first_names", "last_names", "values"):
+    for name in ("people", "values"):
         if not 2 <= getattr(args, name) <= 4096:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: give 2 to 4096")
     if args.tokens < DOCUMENT_TOKENS:
         parser.error(f"--tokens {args.tokens}: give at least one document, {DOCUMENT_TOKENS} tokens")
-    prefix = build(args.out, args.first_names, args.last_names, args.values, args.tokens, args.seed)
+    prefix = build(args.out, args.people, args.values, args.tokens, args.seed)
     facts = json.loads((args.out / f"{NAME}_source.json").read_text(encoding="utf-8"))
     print(f"{prefix}: {facts['facts']:,} facts ({facts['fact_bits']:,.0f} bits); loss knowing every fact "
           f"<= {facts['floor_nats']:.4f} nats per token, knowing none {facts['no_facts_nats']:.4f}")

@@ -20,7 +20,7 @@ _SPEC = importlib.util.spec_from_file_location("knowledge_corpus", REPO / "data_
 knowledge_corpus = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(knowledge_corpus)
 
-ARGS = ("--first-names", "6", "--last-names", "5", "--values", "7", "--tokens", "60000", "--seed", "4")
+ARGS = ("--people", "30", "--values", "7", "--tokens", "60000", "--seed", "4")
 
 
 def build(out):
@@ -36,22 +36,19 @@ def corpus(tmp_path_factory):
     return out
 
 
-def parse(words: list[str], people: dict[tuple[str, str], int]) -> list[tuple[int, str, str, int]]:
+def parse(words: list[str], people: dict[str, int]) -> list[tuple[int, str, str, int]]:
     """Each sentence of `words` as (person, attribute, value, template index); AssertionError if one fits none."""
     templates = [(attribute, index, template.split()) for attribute, options in knowledge_corpus.ATTRIBUTES.items()
                  for index, template in enumerate(options)]
     found, position = [], 0
     while position < len(words):
         for attribute, index, template in templates:
-            length = len(template) + 1
+            length = len(template)
             candidate = words[position:position + length]
-            name_at = template.index("NAME")
-            expanded = template[:name_at] + ["<first>", "<last>"] + template[name_at + 1:]
-            if len(candidate) == length and all(e in ("<first>", "<last>", "VALUE") or e == w
-                                                for e, w in zip(expanded, candidate)):
-                person = people.get((candidate[name_at], candidate[name_at + 1]))
+            if len(candidate) == length and all(e in ("NAME", "VALUE") or e == w for e, w in zip(template, candidate)):
+                person = people.get(candidate[template.index("NAME")])
                 if person is not None:
-                    found.append((person, attribute, candidate[expanded.index("VALUE")], index))
+                    found.append((person, attribute, candidate[template.index("VALUE")], index))
                     position += length
                     break
         else:
@@ -60,8 +57,8 @@ def parse(words: list[str], people: dict[tuple[str, str], int]) -> list[tuple[in
 
 
 def test_every_sentence_states_its_persons_fact_in_a_template_of_the_attribute(corpus):
-    first, last, values, facts = knowledge_corpus.world(6, 5, 7, 4)
-    people = {(f, la): i * len(last) + j for i, f in enumerate(first) for j, la in enumerate(last)}
+    names, values, facts = knowledge_corpus.world(30, 7, 4)
+    people = {name: index for index, name in enumerate(names)}
     tokenizer = HFTokenizer(str(corpus / "tokenizer.json"))
     dataset = MMapIndexedDataset(str(corpus / "knowledge_text_document"))
     seen_templates, seen_people, total = set(), set(), 0
@@ -77,7 +74,8 @@ def test_every_sentence_states_its_persons_fact_in_a_template_of_the_attribute(c
             seen_templates.add((attribute, template))
             seen_people.add(person)
         total += len(ids)
-    assert total >= 60000 and len(seen_templates) == 8 and len(seen_people) == 30
+    templates = sum(len(options) for options in knowledge_corpus.ATTRIBUTES.values())
+    assert total >= 60000 and len(seen_templates) == templates and len(seen_people) == 30
 
 
 def test_the_description_and_the_same_arguments_give_the_same_bytes(corpus, tmp_path):
