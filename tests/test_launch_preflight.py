@@ -5,6 +5,7 @@ traceback, or a problem found only after launch."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -251,3 +252,17 @@ def test_a_train_split_that_training_reads_many_times_gets_a_note(tmp_path):
         "which train_iters = 300 reads 62 times (300 x 16 sequences of 64 tokens); if that is not intended, give "
         "train a larger share of split or use more text"]
     assert preflight_notes(run_config(tmp_path, "split='50,25,25'", "train_iters=10")) == []  # 3 epochs
+
+
+def test_a_norm_ramp_without_a_growth_record_that_says_where_it_starts_is_refused_before_launch(run, tmp_path):
+    [problem] = preflight_problems(run_config(tmp_path, f"load={run}", "norm_token_count_ramp_iters=5"), TWO_RANKS)
+    assert problem.startswith(f"{run}/global_step3: norm_token_count_ramp_iters 5 ramps n of √n from the count a "
+                              "grown checkpoint holds") and problem.endswith("Or set norm_token_count_ramp_iters: 0")
+    [fresh] = preflight_problems(run_config(tmp_path, "norm_token_count_ramp_iters=5"), TWO_RANKS)
+    assert "it was not grown" in fresh
+    grown = run_config(tmp_path, "norm_token_count_ramp_iters=5", f"pretrain_partial_init={run}")
+    assert preflight_problems(grown, TWO_RANKS) == []  # the growth at the start records it
+    (run / "global_step3" / "growth.json").write_text(json.dumps({"format": 1, "grown_from": {
+        "qkv_slot_num": 32, "proj_slot_num": 32, "ffn_slot_num": 128}}))
+    [old] = preflight_problems(run_config(tmp_path, f"load={run}", "norm_token_count_ramp_iters=5"), TWO_RANKS)
+    assert "predates the ramp: grow the source again" in old

@@ -7,7 +7,8 @@ traceback per rank.
   and that `split` gives the train part of data_path a share and at least one global batch of text;
 - `load` holds checkpoints, or is `save` with nothing there yet (load_check.py);
 - the checkpoint a training run resumes from: files present, pickles screened (megatron/checkpoint/safety.py), its
-  layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py);
+  layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py), and, with
+  norm_token_count_ramp_iters, a growth record saying where the ramp starts (megatron/growth/norm_ramp.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
   machine, it and log_dir (generate.py: sample_output_file's folder) can be written (or created);
 - on a launch from this machine, master_port is free.
@@ -21,10 +22,11 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from megatron.checkpoint.growth_record import GrowthRecordError, read_growth_record
 from megatron.checkpoint.safety import CheckpointRefused, load_checkpoint_file
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
 from megatron.checkpoint.selection import newest_usable_tag, screened_file_problems
-from megatron.config import Config
+from megatron.config import Config, ConfigError
 from megatron.config.eval_tasks import eval_task_problems
 from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_repeats, train_split_shortfall
@@ -38,6 +40,7 @@ from megatron.formats.deepspeed.compatibility import (
     layout_problems,
     tensor_problems,
 )
+from megatron.growth.norm_ramp import norm_ramp
 from megatron.launch.hosts import is_local_host
 from megatron.launch.load_check import load_problem
 from megatron.launch.ports import is_free, master_port
@@ -61,14 +64,29 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
     except CheckpointRefused as error:
         return [str(error)]
     if tag is None:
-        return []
+        return _norm_ramp_problems(cfg, None)
     tag_dir = Path(cfg.load) / tag
+    ramp = _norm_ramp_problems(cfg, tag_dir)
+    if ramp:
+        return ramp
     if holds_weights_only(tag_dir):  # loaded into any layout
         return tensor_problems(tag_dir, cfg, vocabulary, saved_layout=True) or architecture_problems(tag_dir, cfg)
     data_parallel = processes // (cfg.model_parallel_size * max(1, cfg.pipe_parallel_size))
     # A frozen run whose checkpoint was saved with another freeze loads weights only: any data-parallel size.
     return (layout_problems(tag_dir, cfg, None if cfg.freeze_old_param_tokens else data_parallel)
             or tensor_problems(tag_dir, cfg, vocabulary) or architecture_problems(tag_dir, cfg))
+
+
+def _norm_ramp_problems(cfg: Config, tag_dir: Path | None) -> list[str]:
+    """norm_token_count_ramp_iters needs where its ramp starts: the growth record of the checkpoint resumed, or the
+    growth pretrain_partial_init makes when there is none."""
+    if not cfg.norm_token_count_ramp_iters or (tag_dir is None and cfg.pretrain_partial_init):
+        return []
+    try:
+        norm_ramp(cfg, None if tag_dir is None else read_growth_record(tag_dir))
+    except (ConfigError, GrowthRecordError) as error:
+        return [f"{tag_dir or 'load'}: {error}"]
+    return []
 
 
 def nothing_left_to_train(cfg: Config) -> str | None:
@@ -219,6 +237,8 @@ def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
                 problems.append(problem)
             elif vocabulary is not None:
                 problems += _resume_problems(cfg, vocabulary, world_size(slots))
+        else:
+            problems += _norm_ramp_problems(cfg, None)
     else:
         problems += _inference_problems(cfg, slots)
     return problems + _master_port_problem(cfg, slots)
