@@ -30,7 +30,7 @@ demo: $(DEMO_DATA)
 
 # Everything but the `gpu` tier (markers: pyproject.toml).
 test: $(STAMP)
-	$(PY) -m pytest tests -m "not gpu"
+	$(PY) -m pytest tests -m "not gpu" --durations=30
 
 # Unit tests only: no multi-process runs, package index, system services or GPU (about 2 minutes).
 test-fast: $(STAMP)

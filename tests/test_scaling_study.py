@@ -134,11 +134,12 @@ def test_the_study_runs_are_valid_plans_with_their_controls(demo_data, tmp_path)
     assert [entry.slots for entry in restarts] == ["16/16/64"] * 3
     assert [(e.config.train_iters, e.config.warmup) for e in restarts] == [(e.config.train_iters, e.config.warmup)
                                                                            for e in path]
-    assert len({runs[key].plan.work_dir for key in runs}) == len(runs) == 10
+    assert len({runs[key].plan.work_dir for key in runs}) == len(runs) == 11
     # the ablation: the path with one factor of a mode changed in every grown stage, S1 shared
     for key, expected in {"preserve_fresh_optimizer": ("preserve", None, "reset"),
                           "preserve_new_norm": ("preserve", "new", None),
-                          "official_carried_optimizer": ("official", None, "carry")}.items():
+                          "official_carried_optimizer": ("official", None, "carry"),
+                          "official_old_norm": ("official", "old", None)}.items():
         stages = runs[key].stages
         assert stages[0].stage.settings == path[0].stage.settings and [e.slots for e in stages] == [
             e.slots for e in path]
@@ -205,9 +206,9 @@ def test_quick_runs_the_whole_study_on_both_tasks_and_writes_tables_plots_and_cu
     last = result.stdout.strip().splitlines()[-2:]
     assert [line.split(": ")[0] for line in last] == ["markov", "knowledge"]
     assert all(line.split(": ", 1)[1].startswith("verdict: not capacity-bound") for line in last)  # one seed
-    assert result.stdout.count("its first stage: a copy of") == 5 + 1  # every other path shares S1
+    assert result.stdout.count("its first stage: a copy of") == 6 + 1  # every other path shares S1
     ablation_labels = ("| S1 → S2 (preserve, optimizer reset) |", "| S1 → S2 (preserve, √n of the new count) |",
-                       "| S1 → S2 (official, optimizer carried over) |",
+                       "| S1 → S2 (official, optimizer carried over) |", "| S1 → S2 (official, √n of the old count) |",
                        "| S1 → S2 (preserve, √n ramped to the new count over 25% of the stage) |")
     for task in ("markov", "knowledge"):
         results = work / task / "results"
@@ -226,7 +227,8 @@ def test_quick_runs_the_whole_study_on_both_tasks_and_writes_tables_plots_and_cu
             continue
         assert all(label in table for label in ablation_labels) and "Ablation verdict: one seed" in table
         for key, keeps_function in (("progressive", True), ("preserve_fresh_optimizer", True),
-                                    ("preserve_norm_ramp", True), ("preserve_new_norm", False), ("official", False)):
+                                    ("preserve_norm_ramp", True), ("preserve_new_norm", False), ("official", False),
+                                    ("official_old_norm", False)):
             s1, s2 = curves[key]["stages"]
             assert s1["loss"] == first["loss"]  # the same S1 (a copy)
             assert (s2["loss"][0] == pytest.approx(s1["loss"][-1], rel=1e-5)) == keeps_function, key

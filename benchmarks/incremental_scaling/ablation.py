@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 FACTORS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "the optimizer state": ("a fresh optimizer instead of the carried state", [
         ("preserve_fresh_optimizer", "progressive"), ("official", "official_carried_optimizer")]),
-    "the √n": ("√n of the new token count instead of the old", [("preserve_new_norm", "progressive")]),
+    "the √n": ("√n of the new token count instead of the old", [
+        ("preserve_new_norm", "progressive"), ("official", "official_old_norm")]),
 }
 
 

@@ -15,7 +15,8 @@ WORK_DIR/seed<N>/plans/:
   reference is: the paper's baseline;
 - the ablation (ABLATION, issue 41): the progressive path with one factor of its growth mode changed, each a plan
   like progressive_official.yml: preserve with a fresh optimizer, preserve with √n of the new count, official
-  with the optimizer state carried over, and preserve with n of √n ramped to the new count (norm_ramp.py).
+  with the optimizer state carried over, official with √n of the old count, and preserve with n of √n ramped to
+  the new count (norm_ramp.py).
 
 Every other path starts from a copy of the progressive path's finished S1 (share_first_stage), so they differ
 from it in growth alone. Every stage gets the seed; every run's steps are multiplied by `scale` (the
@@ -61,6 +62,8 @@ ABLATION: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "preserve_new_norm": ("preserve, √n of the new count", lambda _: {"growth_norm_token_count": "new"}),
     "official_carried_optimizer": ("official, optimizer carried over",
                                    lambda _: {"growth_mode": "official", "growth_optimizer": "carry"}),
+    "official_old_norm": ("official, √n of the old count",
+                          lambda _: {"growth_mode": "official", "growth_norm_token_count": "old"}),
     "preserve_norm_ramp": (f"preserve, √n ramped to the new count over {RAMP_SHARE:.0%} of the stage", _ramp),
 }
 GROWN = {"progressive": ("preserve", lambda _: {}), "official": ("official", lambda _: {"growth_mode": "official"}),
