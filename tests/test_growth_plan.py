@@ -289,3 +289,16 @@ def test_official_growth_refuses_zero_new_values_and_unknown_modes():
         plan_growth(config(), config(*DOUBLED), mode="fast")
     with pytest.raises(ConfigError, match="growth_mode"):
         config("growth_mode=fast")
+
+
+def test_the_default_growth_is_the_one_that_trained_best(tmp_path):
+    """Issue 41: in the growth study official reached the reference's loss with the least compute (and ended
+    lowest), so it is what a config without growth_mode grows by: the tool, pretrain_partial_init and the
+    progressive driver all read it from the config."""
+    untouched = tmp_path / "tiny_without_growth_mode.yml"
+    untouched.write_text("".join(line for line in TINY.read_text().splitlines(keepends=True)
+                                 if not line.startswith("growth_mode")))
+    source = load_config([untouched], [f"padded_vocab_size={VOCAB}"])
+    plan = plan_growth(source, load_config([untouched], [f"padded_vocab_size={VOCAB}", *DOUBLED]))
+    assert (source.growth_mode, plan.mode, plan.norm, plan.optimizer, plan.resets_iteration) == (
+        "official", "official", "new", "reset", True)

@@ -8,10 +8,11 @@
 TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ffn_slot_num (or the flags)
 give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
 tokens, its growth_mode (or the flag) how they are made. Same counts and another layout re-shard only.
-preserve: old tokens stay bit-exact, new keys are zero and the normalisation keeps the old n, so the grown
-model computes the same function; the Adam state is carried over (new tokens' moments zero) and the
-iteration and LR schedule continue. official: as the official TokenFormer code, old rows copied into a fresh
-init of the larger model (√n of the new count), optimizer state dropped and iteration 0. --norm-token-count
+official (the default: it trained best in the growth study, benchmarks/RESULTS.md): as the official
+TokenFormer code, old rows copied into a fresh init of the larger model (√n of the new count), optimizer state
+dropped and iteration 0. preserve: old tokens stay bit-exact, new keys are zero and the normalisation keeps the
+old n, so the grown model computes the same function; the Adam state is carried over (new tokens' moments zero)
+and the iteration and LR schedule continue. --norm-token-count
 and --reset-optimizer / --carry-optimizer (or the config's growth_norm_token_count and growth_optimizer) change
 one of these at a time. Train from NEW_DIR with `load: NEW_DIR` and the target config; nothing else to set.
 
@@ -174,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     for kind in ("qkv", "proj", "ffn"):
         parser.add_argument(f"--{kind}-slot-num", type=int, help=f"new {kind}_slot_num (default: the target config's)")
     parser.add_argument("--growth-mode", choices=("preserve", "official"),
-                        help="how new tokens are made (default: the target config's growth_mode): preserve keeps "
+                        help="how new tokens are made (default: the target config's growth_mode, official unless "
+                        "set): preserve keeps "
                         "the function; official copies the old rows into a fresh init as the official code does")
     parser.add_argument("--zero-new-values", action="store_true",
                         help="new value tokens zero instead of drawn from the init method (they then never learn)")

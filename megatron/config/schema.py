@@ -291,8 +291,9 @@ _CHECKPOINT = (
         "With pretrain_partial_init: start the optimizer afresh (no Adam moments, step 0) instead of carrying "
         "the smaller model's state over (tools/grow_checkpoint.py --reset-optimizer). Implied by growth_mode "
         "official unless growth_optimizer is carry; the same as growth_optimizer: reset."),
-    Key("growth_mode", str, "preserve", "checkpoint",
-        "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens. preserve: "
+    Key("growth_mode", str, "official", "checkpoint",
+        "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens; official, the "
+        "default, trained best in the growth study (benchmarks/RESULTS.md, issue 41). preserve: "
         "zero keys, values from the init, and sqrt(n) kept at the old token count, so the grown model computes "
         "the same function; Adam state carried over. official: as the official TokenFormer code "
         "(custom_load_fn_incremental): the old rows copied into a freshly initialised larger model, so new "

@@ -74,10 +74,10 @@ class GrowthPlan:
     new_tokens: dict[str, int]
     target_shapes: dict[str, tuple[int, ...]]
     roles: dict[str, InitRole]
-    zero_new_values: bool = False
-    mode: str = "preserve"
-    norm: str = "old"  # the n of √n after growth: the source's (old) or the grown count (new)
-    optimizer: str = "carry"  # Adam's state: carried over (new rows zero) or reset
+    zero_new_values: bool
+    mode: str  # GROWTH_MODES
+    norm: str  # the n of √n after growth: the source's (old) or the grown count (new)
+    optimizer: str  # Adam's state: carried over (new rows zero) or reset
 
     @property
     def resets_optimizer(self) -> bool:
