@@ -21,13 +21,19 @@ from megatron.model.pattention import Pattention
 from megatron.model.spec import pattention_of_module, slot_keys
 
 
-def norm_counts(model: nn.Module) -> dict[str, int]:
-    """The n of √n each kind of Pattention of `model` holds (one value per slot key; ValueError if they differ)."""
-    counts: dict[str, set[int]] = {}
+def norm_buffers(model: nn.Module) -> dict[str, list[Tensor]]:
+    """The norm_token_count buffers of `model`'s Pattentions (a TokenFormerModel or a pipeline stage), by slot key."""
+    buffers: dict[str, list[Tensor]] = {}
     for name, module in model.named_modules():
         spec = pattention_of_module(name) if isinstance(module, Pattention) else None
         if spec is not None:
-            counts.setdefault(spec.slot_key, set()).add(int(module.norm_token_count))
+            buffers.setdefault(spec.slot_key, []).append(module.norm_token_count)
+    return buffers
+
+
+def norm_counts(model: nn.Module) -> dict[str, int]:
+    """The n of √n each kind of Pattention of `model` holds (one value per slot key; ValueError if they differ)."""
+    counts = {key: {int(buffer) for buffer in buffers} for key, buffers in norm_buffers(model).items()}
     mixed = {key: sorted(values) for key, values in counts.items() if len(values) > 1}
     if mixed:
         raise ValueError(f"Pattentions of one kind normalise by different counts: {mixed}")
@@ -73,11 +79,7 @@ class NormRampApplier:
 
     def __init__(self, model: nn.Module, ramp: NormRamp) -> None:
         self.ramp = ramp
-        self.buffers: dict[str, list[Tensor]] = {}
-        for name, module in model.named_modules():
-            spec = pattention_of_module(name) if isinstance(module, Pattention) else None
-            if spec is not None:
-                self.buffers.setdefault(spec.slot_key, []).append(module.norm_token_count)
+        self.buffers = norm_buffers(model)
         self.current: dict[str, int | None] = dict.fromkeys(self.buffers)
 
     def apply(self, iteration: int) -> None:
