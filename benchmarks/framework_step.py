@@ -219,8 +219,10 @@ def gpt_neox_model(args):
     import torch
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
+    from megatron.model.spec import layer_token_count
+
     d = args.hidden_size
-    pattention_parameters = 2 * d * (3 * args.qkv_slot_num + args.proj_slot_num + args.ffn_slot_num)
+    pattention_parameters = 2 * d * layer_token_count(vars(args))
     config = GPTNeoXConfig(
         vocab_size=args.padded_vocab_size, hidden_size=d, num_hidden_layers=args.num_layers,
         num_attention_heads=args.num_attention_heads, intermediate_size=round((pattention_parameters - 4 * d * d)

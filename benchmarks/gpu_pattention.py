@@ -136,17 +136,17 @@ def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dt
             "peak vs fused pytorch": peaks["flash"] / peaks["fused pytorch"]}
 
 
-# benchmarks/pattention.py's shapes (sized for a CPU) and the largest config's other two, which a GPU can afford.
-LARGEST_CONFIG_SHAPES = [("1-5B q,k,v ×3", 1536, 1536, 3), ("1-5B ffn", 1536, 6144, 1)]
+# benchmarks/pattention.py's configs (sized for a CPU) and the largest, which a GPU can afford.
+GPU_CONFIGS = ("150M", "450M", "1-5B")
 
 
 def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
     """kernel_row for every Θ and shape."""
-    from benchmarks.pattention import NORM_TYPES, SHAPES
+    from benchmarks.pattention import NORM_TYPES, shapes
 
     rows = []
     for norm_type in NORM_TYPES:
-        for shape in [*SHAPES, *LARGEST_CONFIG_SHAPES]:
+        for shape in shapes(GPU_CONFIGS):
             rows.append(kernel_row(norm_type, shape, tokens, dtype, repeats))
             torch.cuda.empty_cache()
     return rows
@@ -177,8 +177,10 @@ def blocks_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
                 flash_module.BLOCKS, flash_module.MIN_ROWS = settings
         return run
 
+    from benchmarks.pattention import config_shapes
+
     results = []
-    for shape in LARGEST_CONFIG_SHAPES:
+    for shape in config_shapes(GPU_CONFIGS[-1]):
         x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
         steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out)}
         for blocks in BLOCKS_SWEEP:
@@ -193,6 +195,13 @@ def blocks_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
                             "peak_mib": peak_step_bytes(steps[blocks]) / 2**20, "default": rows == default_rows})
         torch.cuda.empty_cache()
     return results
+
+
+def largest_ffn_shape() -> tuple[str, int, int, int]:
+    """The largest config's Pattention with the most tokens (its FFN)."""
+    from benchmarks.pattention import config_shapes
+
+    return max(config_shapes(GPU_CONFIGS[-1]), key=lambda shape: shape[2])
 
 
 def kernel_profile(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype) -> str:
@@ -302,7 +311,7 @@ def main() -> None:
         for r in sweep:
             print(f"{r['name']:<14} {r['blocks']:>6}{'*' if r['default'] else ' '} {r['rows']:>6} "
                   f"{r['over_gemms']:>8.2f} {r['peak_mib']:>9.0f}")
-    profiled = kernel_profile("l2_norm_gelu", LARGEST_CONFIG_SHAPES[-1], options.tokens, dtype) \
+    profiled = kernel_profile("l2_norm_gelu", largest_ffn_shape(), options.tokens, dtype) \
         if options.profile else None
     if profiled:
         print(profiled)

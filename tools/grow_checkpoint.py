@@ -43,6 +43,7 @@ from megatron.formats.deepspeed.reader import SourceCheckpoint, checkpoint_direc
 from megatron.formats.deepspeed.writer import CheckpointWriter
 from megatron.growth.grow import grown_states
 from megatron.growth.plan import GrowthPlan, pattention_entry, plan_growth
+from megatron.model.spec import slot_keys
 
 Item = TypeVar("Item")
 _DONE = object()
@@ -172,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--tag", help="the checkpoint in --load to grow, e.g. global_step300 (default: `latest`)")
     parser.add_argument("--save", type=Path, required=True, help="a new directory for the grown checkpoint")
     parser.add_argument("--config", nargs="+", required=True, help="the target run's YAML files, merged left to right")
-    for kind in ("qkv", "proj", "ffn"):
-        parser.add_argument(f"--{kind}-slot-num", type=int, help=f"new {kind}_slot_num (default: the target config's)")
+    for key in slot_keys():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"new {key} (default: the target config's)")
     parser.add_argument("--growth-mode", choices=("preserve", "official"),
                         help="how new tokens are made (default: the target config's growth_mode, official unless "
                         "set): preserve keeps "
@@ -199,8 +200,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     try:
         tag_dir, plan = grow_checkpoint(
             args.load, args.save, args.config, args.tag,
-            {"qkv_slot_num": args.qkv_slot_num, "proj_slot_num": args.proj_slot_num,
-             "ffn_slot_num": args.ffn_slot_num},
+            {key: getattr(args, key) for key in slot_keys()},
             zero_new_values=args.zero_new_values, optimizer=args.optimizer, reset_iteration=args.reset_iteration,
             allow_shrink=args.allow_shrink, growth_mode=args.growth_mode, norm=args.norm_token_count)
     except (ValueError, OSError) as error:

@@ -118,7 +118,7 @@ def dense_shape(large: Config) -> dict[str, int]:
             continue
         heads = min(fitting, key=lambda h: abs(width // h - args.head_dim))
         dense = dataclasses.replace(args, model_type="transformer", hidden_size=width, num_attention_heads=heads,
-                                    qkv_slot_num=None, proj_slot_num=None, ffn_slot_num=None)
+                                    **dict.fromkeys(slot_keys()))
         gap = abs(parameter_counts(dense)["total_params"] - target)
         if best is None or gap < best[0]:
             best = (gap, width, heads)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from megatron.config.schema import SCHEMA, Key
+from megatron.config.schema import SCHEMA, TOKEN_COUNT_KEYS, Key
 
 
 class ConfigError(ValueError):
@@ -123,17 +123,13 @@ def _as_declared_type(key: Key, value: Any) -> Any:
     return value
 
 
-# Required of a TokenFormer only: the dense Transformer (model_type: transformer) has no parameter tokens.
-TOKENFORMER_REQUIRED = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num")
-
-
 def check_required(values: Mapping[str, Any]) -> None:
     """Every required key has a value."""
     tokenformer = values.get("model_type", "tokenformer") == "tokenformer"
     raise_if_any(
         f"{key.name} is required ({key.meaning.rstrip('.')}); set it in a config file or pass {key.name}=VALUE"
         for key in SCHEMA.values()
-        if (key.required or (tokenformer and key.name in TOKENFORMER_REQUIRED)) and values.get(key.name) is None
+        if (key.required or (tokenformer and key.token_count)) and values.get(key.name) is None
     )
 
 
@@ -151,7 +147,7 @@ def _tensor_parallel_splits_evenly(v: Mapping[str, Any]) -> str | None:
     tp = v["model_parallel_size"]
     uneven = [
         f"{name} {v[name]}"
-        for name in ("num_attention_heads", "qkv_slot_num", "proj_slot_num", "ffn_slot_num")
+        for name in ("num_attention_heads", *TOKEN_COUNT_KEYS)
         if v[name] is not None and v[name] % tp
     ]
     if uneven:

@@ -28,6 +28,7 @@ import torch
 
 from megatron.model.args import TokenFormerArgs
 from megatron.model.memory import GIB, model_state_bytes, parameter_count, peak_activation_bytes
+from megatron.model.spec import slot_keys
 
 RESERVE = 0.10
 _DTYPES = {"fp16": torch.float16, "bfloat16": torch.bfloat16, "fp32": torch.float32}
@@ -60,10 +61,8 @@ def training_bytes_per_rank(args: TokenFormerArgs, impl: str, shape: RunShape, d
     states = model_state_bytes(params, shape.data_parallel, mixed_precision=shape.precision != "fp32",
                                sharded=shape.zero_stage >= 1)
     tp = shape.tensor_parallel
-    per_rank = dataclasses.replace(args, qkv_slot_num=math.ceil(args.qkv_slot_num / tp),
-                                   proj_slot_num=math.ceil(args.proj_slot_num / tp),
-                                   ffn_slot_num=math.ceil(args.ffn_slot_num / tp),
-                                   padded_vocab_size=math.ceil(args.padded_vocab_size / tp))
+    per_rank = dataclasses.replace(args, padded_vocab_size=math.ceil(args.padded_vocab_size / tp),
+                                   **{key: math.ceil(getattr(args, key) / tp) for key in slot_keys()})
     activations = peak_activation_bytes(per_rank, impl, _DTYPES[shape.precision], shape.micro_batch,
                                         args.checkpoint_activations, "cpu" if device_type == "cpu" else "cuda")
     return states + activations
