@@ -2,9 +2,9 @@
 
 On a CPU, DeepSpeed's torch backend gives each rank of a world whose ranks all run on one machine a buffer of
 about 64 MiB in /dev/shm, `deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>`
-(deepspeed/ops/csrc/cpu/comm/shm.cpp), and never unlinks it. /dev/shm is memory: every CPU run would keep
-64 MiB per rank until the machine restarts (a day of test runs filled 20 GB here), and a later run on the same
-port would map a dead run's buffers, whose state flags it did not write. So each rank removes its own buffer
+(deepspeed/ops/csrc/cpu/comm/shm.cpp), and never unlinks it. /dev/shm is memory: every CPU run would keep its
+buffers until the machine restarts, and a later run on the same port would map a dead run's buffers, whose
+state flags it did not write. So each rank removes its own buffer
 after the final barrier (every peer has mapped it by then; the memory goes with the last mapping), and deepy.py
 removes what killed runs left on its port, before launching and after its ranks end: only buffers no live
 process maps, so that another run on the same port (started by hand on a shared node) keeps its own.
