@@ -45,6 +45,21 @@ def use_environment_cache() -> Path:
 CPU_COMM_OP = "deepspeed_shm_comm"
 
 
+def build_cpu_comm_op() -> Path | None:
+    """Compile DeepSpeed's CPU communication op into this environment's cache now, so that no start compiles it
+    (the CPU image's build does: its containers start fresh, and would each compile it again); the op's folder, or
+    None with a CUDA build of torch, whose runs use NCCL instead."""
+    import torch
+
+    if torch.version.cuda is not None:
+        return None
+    cache = use_environment_cache()
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    ShareMemCommBuilder().load(verbose=False)
+    return cache / CPU_COMM_OP
+
+
 def compile_note(cache: Path, device: str) -> str | None:
     """What to say before a CPU start that will compile DeepSpeed's communication op first (a silent minute or
     more otherwise); None when it is built, or on an accelerator (which does not use it)."""
@@ -52,3 +67,9 @@ def compile_note(cache: Path, device: str) -> str | None:
         return None
     return (f"note: DeepSpeed compiles its CPU communication op into {cache} before the ranks start (1-5 minutes, "
             "once for this Python environment)")
+
+
+if __name__ == "__main__":
+    built = build_cpu_comm_op()
+    print(f"DeepSpeed's CPU communication op is in {built}" if built else
+          "a CUDA build of torch: DeepSpeed's CPU communication op is not needed")
