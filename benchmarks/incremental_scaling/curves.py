@@ -1,4 +1,4 @@
-"""Validation loss against cumulative training compute, read from a run's own outputs.
+"""Validation loss against cumulative training compute, read from a run's own outputs, and one seed's curves.
 
 Compute is counted the way the training log counts it: FLOPs per token from megatron/model/flops.py (the
 config a run saved with its checkpoint, so the count is of what actually ran) times the tokens of every

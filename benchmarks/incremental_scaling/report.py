@@ -18,7 +18,6 @@ from benchmarks.incremental_scaling.comparison import Reach, Spread, compute_to_
 from benchmarks.incremental_scaling.curves import PathCurves, SeedCurves, joined, run_curves
 from benchmarks.incremental_scaling.plot import plot_study
 from benchmarks.incremental_scaling.runs import GROWN, PATHS, Run
-from megatron.config import Config
 from megatron.progressive.costs import StageCost, stage_cost
 
 SINGLE_RUNS = {"scratch": "{last} from scratch (reference)", "control": "{first} trained longer",
