@@ -41,9 +41,11 @@ if __name__ == "__main__":  # before the imports below, which take seconds
 
 from megatron.config import ConfigError, inactive_keys, slow_keys  # noqa: E402
 from megatron.config.argument import encode_config  # noqa: E402
+from megatron.config.loader import keys_set  # noqa: E402
 from megatron.config.run_inputs import INFERENCE_SCRIPTS  # noqa: E402
 from megatron.config.validate import raise_if_any  # noqa: E402
 from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa: E402
+from megatron.growth.notes import launch_notes as growth_notes  # noqa: E402
 from megatron.host.build_locks import remove_stale_build_locks  # noqa: E402
 from megatron.host.extension_cache import compile_note, use_environment_cache  # noqa: E402
 from megatron.host.shm_buffers import remove_port_buffers  # noqa: E402
@@ -93,7 +95,7 @@ def main(argv: list[str]) -> int:
     for key, why in slow_keys(cfg, device):
         print(f"note: {key}: {why}", flush=True)
     if Path(script).name not in INFERENCE_SCRIPTS:
-        for note in preflight_notes(cfg):
+        for note in [*preflight_notes(cfg), *growth_notes(cfg, keys_set(files, overrides))]:
             print(f"note: {note}", flush=True)
         for warning in resume_warnings(cfg):
             print(f"warning: {warning}", flush=True)

@@ -59,9 +59,10 @@ def unit_graph(root: Path) -> dict[str, set[str]]:
     return graph
 
 
-def module_graph(package: Path) -> dict[str, set[str]]:
-    """Module -> the other modules of `package` (a folder of a `megatron` package) it imports."""
-    modules = {path: module_of(path, package.parent) for path in sorted(package.rglob("*.py"))}
+def module_graph(package: Path, top: Path | None = None) -> dict[str, set[str]]:
+    """Module -> the other modules of `package` (a folder of a `megatron` package, or the top-level folder `top`
+    itself, e.g. benchmarks/) it imports."""
+    modules = {path: module_of(path, top or package.parent) for path in sorted(package.rglob("*.py"))}
     names = {module for module, _ in modules.values()}
     return {module: (imported_modules(path.read_text(encoding="utf-8"), module, is_package) & names) - {module}
             for path, (module, is_package) in modules.items()}
@@ -124,6 +125,16 @@ def test_the_modules_of_megatron_config_import_each_other_without_a_cycle():
     assert {"megatron.config", "megatron.config.config", "megatron.config.validate"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle between megatron.config's modules: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "tools", "data_prep"])
+def test_the_scripts_outside_megatron_import_each_other_without_a_cycle(folder):
+    """benchmarks/incremental_scaling's ablation, plot and report imported each other (under TYPE_CHECKING)."""
+    root = MEGATRON.parent / folder
+    graph = module_graph(root, root)
+    assert folder != "benchmarks" or "benchmarks.incremental_scaling.report" in graph
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle between {folder}'s modules: " + " -> ".join(cycle)
 
 
 def test_no_checkpoint_module_is_left_at_the_top_of_megatron():

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from benchmarks.incremental_scaling import run_study
-from benchmarks.incremental_scaling.ablation import factor_sentences
-from benchmarks.incremental_scaling.comparison import compute_to_reach, differences, loss_at, spread
+from benchmarks.incremental_scaling.ablation import best_path, factor_sentences
+from benchmarks.incremental_scaling.comparison import Reach, compute_to_reach, differences, loss_at, spread
 from benchmarks.incremental_scaling.curves import Curve, joined
 from benchmarks.incremental_scaling.report import (
     PathCurves,
@@ -269,3 +269,37 @@ def test_the_ablation_names_the_factor_that_carries_officials_lead():
                          "carries a difference.")
     assert factor_sentences({key: values[:1] for key, values in made_up_finals([1.6] * 3, [1.8] * 3).items()})[-1] \
         == "Ablation verdict: one seed, no spread to judge a factor by."
+
+
+def test_a_factor_that_moves_preserve_away_from_official_carries_nothing_and_preserves_lead_is_named_as_its():
+    """The verdict's sign guard: an effect beyond the spread but against the lead is no part of it; where preserve
+    ends lower, the lead a factor carries is preserve's."""
+    away = factor_sentences(made_up_finals(new_norm=[1.95, 1.96, 1.94], fresh_optimizer=[1.80, 1.815, 1.79]))
+    assert "The √n (√n of the new token count instead of the old): from preserve 0.1500 ± 0.0000 (exceeds the " \
+           "spread)" in " ".join(away)
+    assert away[-1].startswith("Ablation verdict: no factor varied alone moves preserve toward official beyond "
+                               "the spread (the optimizer state, the √n tried)")
+    behind = factor_sentences(made_up_finals(new_norm=[1.99, 2.01, 1.98], fresh_optimizer=[1.80, 1.815, 1.79],
+                                             official=[2.000, 2.015, 1.990]))
+    assert behind[0] == "Official minus preserve: 0.2017 ± 0.0029 (exceeds the spread)."
+    assert behind[-1] == ("Ablation verdict: the √n carries the difference: changed alone it moves preserve by "
+                          "0.1933 ± 0.0058, 96% of preserve's lead of 0.2017 ± 0.0029.")
+
+
+def reach_of(label: str, fractions: list, finals: list[float]) -> Reach:
+    return Reach(label, fractions, spread(finals), 0.9)
+
+
+def test_best_path_ranks_by_compute_where_every_seed_got_there_else_by_final_loss():
+    first = reach_of("A", [0.50, 0.52, 0.48], [1.60, 1.61, 1.59])
+    second = reach_of("B", [0.60, 0.61, 0.59], [1.58, 1.59, 1.57])
+    sometimes = reach_of("C", [0.10, None, 0.12], [1.50, 1.70, 1.52])  # less compute, but not in every seed
+    assert best_path({"b": second, "c": sometimes, "a": first}) == (
+        "Least compute to reach the reference's final loss in every seed: A, at 0.500 ± 0.020 of the reference's "
+        "compute; the next, B, needs 0.100 ± 0.010 more (exceeds the spread).")
+    assert best_path({"a": first}) == ("Least compute to reach the reference's final loss in every seed: A, at "
+                                       "0.500 ± 0.020 of the reference's compute.")
+    never = reach_of("D", [None, None, None], [1.65, 1.70, 1.60])
+    assert best_path({"d": never, "c": sometimes}) == (
+        "No growth reaches the reference's final loss in every seed; the lowest final loss: C, 1.5733 ± 0.1102; the "
+        "next, D, ends 0.0767 ± 0.0751 higher (within the spread).")

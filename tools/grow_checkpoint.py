@@ -7,7 +7,8 @@
 
 TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ffn_slot_num (or the flags)
 give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
-tokens, its growth_mode (or the flag) how they are made. Same counts and another layout re-shard only.
+tokens, its growth_mode (or the flag) how they are made. Same counts and another layout re-shard only: the
+weights, the n of √n, the optimizer state, the iteration and the growth record are kept, whatever the mode.
 official (the default: it trained best in the growth study, benchmarks/RESULTS.md): as the official
 TokenFormer code, old rows copied into a fresh init of the larger model (√n of the new count), optimizer state
 dropped and iteration 0. preserve: old tokens stay bit-exact, new keys are zero and the normalisation keeps the
@@ -36,13 +37,17 @@ from typing import TypeVar
 
 from megatron.checkpoint.commit import STAGING_PREFIX
 from megatron.checkpoint.growth_record import read_growth_record
+from megatron.checkpoint.manifest import content_digest
 from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty
 from megatron.checkpoint.save import checkpoint_tag
 from megatron.config import load_config
+from megatron.config.loader import keys_set
 from megatron.formats.deepspeed.reader import SourceCheckpoint, checkpoint_directory, read_checkpoint, verify_checkpoint
 from megatron.formats.deepspeed.writer import CheckpointWriter
 from megatron.growth.grow import grown_states
-from megatron.growth.plan import GrowthPlan, pattention_entry, plan_growth
+from megatron.growth.notes import default_mode_note
+from megatron.growth.plan import NORM_TOKEN_COUNTS, GrowthPlan, pattention_entry, plan_growth
+from megatron.model.args import GROWTH_MODES
 from megatron.model.spec import slot_keys
 
 Item = TypeVar("Item")
@@ -94,9 +99,11 @@ def _layout(config) -> str:
 def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: str | None = None,
                     slot_overrides: dict[str, int | None] | None = None, *, zero_new_values: bool = False,
                     optimizer: str | None = None, reset_iteration: bool = False, allow_shrink: bool = False,
-                    growth_mode: str | None = None, norm: str | None = None) -> tuple[Path, GrowthPlan]:
+                    growth_mode: str | None = None, norm: str | None = None,
+                    announce: Callable[[str], None] | None = None) -> tuple[Path, GrowthPlan]:
     """Write the grown (or re-sharded) checkpoint of `load` into `save`; its tag directory and the plan.
-    `growth_mode`, `norm` ("old"/"new") and `optimizer` ("carry"/"reset"), where given, override the config's."""
+    `growth_mode`, `norm` ("old"/"new") and `optimizer` ("carry"/"reset"), where given, override the config's;
+    `announce` is given the line saying that the default chose the growth mode, where it did, before growing."""
     load, save = Path(load), Path(save)
     check_destination(load, save)
     tag_dir, created = checkpoint_directory(load, tag), not save.exists()
@@ -105,7 +112,7 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
         try:
             return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,
                          zero_new_values=zero_new_values, optimizer=optimizer, reset_iteration=reset_iteration,
-                         allow_shrink=allow_shrink, growth_mode=growth_mode, norm=norm)
+                         allow_shrink=allow_shrink, growth_mode=growth_mode, norm=norm, announce=announce)
         except BaseException as error:  # KeyboardInterrupt too: nothing half-written stays behind
             if created:
                 shutil.rmtree(save, ignore_errors=True)
@@ -117,18 +124,22 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
 def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
           slot_overrides: dict[str, int | None] | None, verified: Callable[[], None], *, zero_new_values: bool,
           optimizer: str | None, reset_iteration: bool, allow_shrink: bool, growth_mode: str | None,
-          norm: str | None) -> tuple[Path, GrowthPlan]:
+          norm: str | None, announce: Callable[[str], None] | None) -> tuple[Path, GrowthPlan]:
     """grow_checkpoint's work, publishing only after `verified()` returned (it raises for a corrupt source)."""
     plan = plan_growth(source.config, load_config(configs), slot_overrides, allow_shrink=allow_shrink,
                        zero_new_values=zero_new_values, mode=growth_mode, norm=norm, optimizer=optimizer)
+    note = default_mode_note(plan, keys_set(configs) | ({"growth_mode"} if growth_mode else set()))
+    if note and announce:
+        announce(note)
     reset_optimizer = plan.resets_optimizer
     reset_iteration = reset_iteration or plan.resets_iteration
     iteration = 0 if reset_iteration else source.iteration
+    record = plan.growth_record(read_growth_record(source.tag_dir))
     writer = CheckpointWriter(
         save, checkpoint_tag(iteration), plan.target, iteration=iteration,
         consumed_train_samples=0 if reset_iteration else source.consumed_train_samples,
         optimizer_step=None if reset_optimizer else source.optimizer_step,
-        growth_record=plan.growth_record(read_growth_record(source.tag_dir)))
+        growth_record=None if record is None else {**record, "source_sha256": content_digest(source.tag_dir)})
     norms: dict[str, int] = {}  # the n of √n the output holds per kind, for the growth record
     with writer:
         for name, state in computed_ahead(grown_states(source.names(), source.state, plan)):
@@ -137,7 +148,8 @@ def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
                 norms.setdefault(entry[0], int(state.weight))
             writer.write(name, state.without_moments() if reset_optimizer else state)
         verified()
-        if plan.grows:
+        if writer.growth_record is not None and (plan.grows or iteration != source.iteration):
+            # where a ramp starts: this growth, or this restart of the iteration (the n the output holds)
             writer.growth_record = {**writer.growth_record, "norm_token_count": norms, "iteration": iteration}
         return writer.commit(), plan
 
@@ -155,10 +167,10 @@ def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Nam
                  else "continues")
     verb = {(True, False): "grew", (False, True): "shrank", (True, True): "resized"}.get(
         (plan.grows, plan.shrinks), "re-sharded")
+    function = " (the function is kept)" if plan.keeps_function else " (the function changes)"
     lines = [f"{verb} {args.load} into {tag_dir} in {seconds:.1f} s",
              *(f"  {line}" for line in plan.summary()),
-             f"  growth mode: {plan.describe()}" + (" (the function is kept)" if plan.keeps_function else
-                                                    " (the function changes)"),
+             f"  growth mode: {plan.describe()}" + (function if plan.grows else ""),
              f"  layout: {_layout(plan.source)} -> {_layout(plan.target)}",
              f"  optimizer state: {optimizer}; iteration and LR schedule: {iteration}",
              f"  wrote {size / 2**20:,.1f} MiB"]
@@ -175,13 +187,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--config", nargs="+", required=True, help="the target run's YAML files, merged left to right")
     for key in slot_keys():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"new {key} (default: the target config's)")
-    parser.add_argument("--growth-mode", choices=("preserve", "official"),
+    parser.add_argument("--growth-mode", choices=GROWTH_MODES,
                         help="how new tokens are made (default: the target config's growth_mode, official unless "
                         "set): preserve keeps "
                         "the function; official copies the old rows into a fresh init as the official code does")
     parser.add_argument("--zero-new-values", action="store_true",
                         help="new value tokens zero instead of drawn from the init method (they then never learn)")
-    parser.add_argument("--norm-token-count", choices=("old", "new"),
+    parser.add_argument("--norm-token-count", choices=NORM_TOKEN_COUNTS,
                         help="the n of Θ's √n after growth (default: the config's growth_norm_token_count, else the "
                         "mode's: preserve old, official new); new changes the function")
     optimizer = parser.add_mutually_exclusive_group()
@@ -202,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
             args.load, args.save, args.config, args.tag,
             {key: getattr(args, key) for key in slot_keys()},
             zero_new_values=args.zero_new_values, optimizer=args.optimizer, reset_iteration=args.reset_iteration,
-            allow_shrink=args.allow_shrink, growth_mode=args.growth_mode, norm=args.norm_token_count)
+            allow_shrink=args.allow_shrink, growth_mode=args.growth_mode, norm=args.norm_token_count,
+            announce=lambda note: print(note, flush=True))
     except (ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     except KeyboardInterrupt:

@@ -38,7 +38,15 @@ from pathlib import Path
 from megatron.config import ConfigError
 from megatron.progressive.commands import REPO, shown
 from megatron.progressive.dry_run import stage_table, step_commands
-from megatron.progressive.lineage_check import ADOPT_FLAG, CHECK, REDO_FLAG, changed_stage_lines, prepare_stages
+from megatron.progressive.lineage_check import (
+    ADOPT_FLAG,
+    CHECK,
+    REDO_FLAG,
+    REPLACED,
+    changed_stage_lines,
+    prepare_stages,
+    stages_to_redo,
+)
 from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.processes import Interrupted, StepFailed
@@ -110,13 +118,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(status_lines(plan, resolved)))
             return 0
         if args.dry_run:
-            steps = pending_steps(plan, resolved)
+            redone = stages_to_redo(plan, resolved) if args.redo_changed else []
+            steps = pending_steps(plan, resolved, {stage.name for stage in redone})
             mode = "a SLURM job chain" if args.slurm else "this machine"
             print(f"plan {plan.path}: {len(resolved)} stages in {plan.work_dir}, on {mode}\n")
             print("\n".join(stage_table(resolved)))
             changed = changed_stage_lines(plan, resolved)
             if changed:
                 print("\n" + "\n".join(changed))
+            if redone:
+                print(f"\nwith {REDO_FLAG}: {', '.join(stage.name for stage in redone)} redone from scratch (their "
+                      f"directories moved to {plan.work_dir / REPLACED}/)")
             print("\nsteps to do:" if steps else "\nnothing to do: the plan is complete")
             print("\n".join(f"  {line}" for line in step_commands(plan, resolved, steps, args.slurm,
                                                                   args.sbatch_option)))

@@ -8,7 +8,8 @@ traceback per rank.
 - `load` holds checkpoints, or is `save` with nothing there yet (load_check.py);
 - the checkpoint a training run resumes from: files present, pickles screened (megatron/checkpoint/safety.py), its
   layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py), and, with
-  norm_token_count_ramp_iters, a growth record saying where the ramp starts (megatron/growth/norm_ramp.py);
+  norm_token_count_ramp_iters, a growth record saying where the ramp starts and, mid-ramp, the length the
+  checkpoint was saved with (megatron/growth/norm_ramp.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
   machine, it and log_dir (generate.py: sample_output_file's folder) can be written (or created);
 - on a launch from this machine, master_port is free.
@@ -40,7 +41,7 @@ from megatron.formats.deepspeed.compatibility import (
     layout_problems,
     tensor_problems,
 )
-from megatron.growth.norm_ramp import norm_ramp
+from megatron.growth.norm_ramp import norm_ramp, resumed_ramp_problem
 from megatron.launch.hosts import is_local_host
 from megatron.launch.load_check import load_problem
 from megatron.launch.ports import is_free, master_port
@@ -83,10 +84,12 @@ def _norm_ramp_problems(cfg: Config, tag_dir: Path | None) -> list[str]:
     if not cfg.norm_token_count_ramp_iters or (tag_dir is None and cfg.pretrain_partial_init):
         return []
     try:
-        norm_ramp(cfg, None if tag_dir is None else read_growth_record(tag_dir))
+        record = None if tag_dir is None else read_growth_record(tag_dir)
+        norm_ramp(cfg, record)
+        problem = None if tag_dir is None else resumed_ramp_problem(cfg, tag_dir, record)
     except (ConfigError, GrowthRecordError) as error:
         return [f"{tag_dir or 'load'}: {error}"]
-    return []
+    return [f"{tag_dir}: {problem}"] if problem else []
 
 
 def nothing_left_to_train(cfg: Config) -> str | None:

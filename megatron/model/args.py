@@ -16,6 +16,9 @@ LAYER_NORMS = ("layernorm_nonparam", "layernorm")
 NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
 PATTENTION_IMPLS = ("plain", "fused", "flash")
 FLASH_BACKENDS = ("auto", "pytorch", "triton")
+# How growth makes new parameter tokens (docs/growth.md): the layer's grow() and the config's growth_mode.
+GROWTH_MODES = ("preserve", "official")
+DEFAULT_GROWTH_MODE = "official"
 INIT_METHODS = ("normal", "scaled_normal", "wang_init", "small_init", "xavier_normal", "xavier_uniform")
 # Config keys that change the function the weights compute (shapes are checked against the weights).
 ARCHITECTURE_KEYS = ("model_type", "num_layers", "hidden_size", "num_attention_heads", *slot_keys(),
