@@ -75,10 +75,11 @@ def main(argv: list[str]) -> int:
         check_launcher(cfg, slots)
         check_reachable(cfg, slots)
         raise_if_any(preflight_problems(cfg, slots))
+        done = nothing_left_to_train(cfg)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    if done := nothing_left_to_train(cfg):
+    if done:
         print(f"deepy.py: {done}", flush=True)
         return 0
     print(cfg.format(), flush=True)
