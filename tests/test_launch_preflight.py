@@ -380,3 +380,31 @@ def test_a_train_iters_no_run_can_count_is_refused_before_launch(tmp_path):
                                           r"samples of train_batch_size 16, more than the data index and the "
                                           r"checkpoints can count \(2\^63 - 1\)"):
         run_config(tmp_path, f"train_iters={10**30}")
+
+
+def flip_safetensors_bytes(path: Path) -> None:
+    """Bytes in the middle of the tensors of the safetensors file `path` changed, its size and header kept."""
+    data = bytearray(path.read_bytes())
+    start = 8 + struct.unpack("<Q", data[:8])[0] + (len(data) - 8 - struct.unpack("<Q", data[:8])[0]) // 2
+    data[start:start + 8] = bytes(byte ^ 0xFF for byte in data[start:start + 8])
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("export", ["export_checkpoint", "convert_to_hf"])
+def test_an_export_whose_weights_have_bytes_flipped_is_refused_in_one_line(run, tmp_path, capsys, export):
+    """Issue 46, item 20: exports carried no hash, so flipped bytes in model.safetensors converted (and loaded)
+    without a word. Both exporters now write a manifest beside the weights, which every reader checks."""
+    exported = tmp_path / "exported"
+    if export == "export_checkpoint":
+        export_checkpoint.main([str(run), str(exported), "--safetensors"])
+    else:
+        convert_to_hf.main([str(run), str(exported)])
+    assert read_state(exported, TINY)[0]  # intact: reads
+    flip_safetensors_bytes(exported / "model.safetensors")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        export_checkpoint.main([str(exported), str(tmp_path / "again"), "--config", str(TINY)])
+    [line] = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and line.endswith(
+        f"{exported}/model.safetensors does not match its SHA-256 in the manifest (corrupted); export the weights "
+        "again"), line
