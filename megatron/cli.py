@@ -11,12 +11,14 @@ traceback or an `[Errno N]`.
   after `main`'s own clean-up ran. Signals are Python's again from `main` on.
 - `describe`, the line for such an error: an OSError in words with the path it is about (`OUT: /data/notes is
   a file, not a directory`), which the fix needs and strerror alone does not give.
+- `positive_int`, an argparse type for counts and sizes, refused in argparse's own line when below 1.
 
 Only the standard library is imported here, so that a program can call this first.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import functools
 import os
@@ -85,6 +87,17 @@ def describe(error: BaseException) -> str:
     reason = reasons.get(error.errno, error.strerror or type(error).__name__)
     target = f" -> {os.fsdecode(error.filename2)}" if error.filename2 is not None else ""
     return f"{path}{target}: {reason}"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count, a size), refused in argparse's one line."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def one_line_errors(program: str) -> Callable[[Callable[..., Result]], Callable[..., Result]]:

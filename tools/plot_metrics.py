@@ -14,6 +14,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from megatron.cli import one_line_errors
+
 PANELS = (("lm_loss", "loss"), ("lr", "learning rate"), ("tokens_per_sec", "tokens/s"))
 
 
@@ -69,6 +71,7 @@ def plot(runs: dict[str, list[dict]]):
     return figure
 
 
+@one_line_errors("plot_metrics.py")
 def main(argv: Sequence[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="log_dir of a run (or its metrics.jsonl)")
