@@ -18,7 +18,7 @@ import torch
 from benchmarks.synthetic_checkpoint import write_synthetic_checkpoint
 from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.selection import resume_tag
-from megatron.config import ConfigError, check_run_inputs, load_config
+from megatron.config import ConfigError, check_run_inputs, eval_tasks, load_config
 from megatron.formats.consolidated import weights_location_problem
 from megatron.formats.deepspeed.changed_settings import resume_warnings
 from megatron.formats.deepspeed.files import CheckpointUnreadable
@@ -408,3 +408,14 @@ def test_an_export_whose_weights_have_bytes_flipped_is_refused_in_one_line(run, 
     assert exit_.value.code == 2 and line.endswith(
         f"{exported}/model.safetensors does not match its SHA-256 in the manifest (corrupted); export the weights "
         "again"), line
+
+
+def test_an_eval_task_no_task_file_names_is_refused_before_lm_eval_builds_its_index(monkeypatch):
+    """Issue 46, item 22: eval_tasks=[piqaa] was refused only after lm-eval had indexed its thousands of task files
+    (72 s without a word). A name in no task file is now refused from their text."""
+    def index(*args, **kwargs):
+        raise AssertionError("lm-eval's task index was built")
+
+    monkeypatch.setattr(eval_tasks, "task_manager", index)
+    assert eval_tasks.eval_task_problems(["piqaa"], None) == [
+        "eval_tasks: 'piqaa' is not a task lm-eval knows (nor one of eval_include_path's); did you mean 'piqa'?"]

@@ -103,3 +103,13 @@ def test_ctrl_c_while_grow_checkpoint_imports_is_one_line(tmp_path):
     _, errors = tool.communicate(timeout=60)
     assert tool.returncode == 130 and errors.splitlines() == [
         "grow_checkpoint.py: stopped at your request, before anything was written"], errors
+
+
+def test_the_pattention_benchmark_refuses_no_tokens(monkeypatch, capsys):
+    """Issue 46, item 22: --tokens 0 ran, and ignored the value."""
+    from benchmarks import pattention
+
+    monkeypatch.setattr(sys, "argv", ["pattention.py", "--tokens", "0"])
+    monkeypatch.setattr(pattention, "host_proxy", lambda *args: pytest.fail("the benchmark ran"))
+    code, line = one_line(capsys, pattention.main)
+    assert code == 2 and line == "pattention.py: error: argument --tokens: must be at least 1, got 0"
