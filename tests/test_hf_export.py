@@ -217,8 +217,9 @@ class HostReads(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        to_cpu = func is torch.Tensor.to and any(
-            str(target) == "cpu" for target in (*args[1:], kwargs.get("device")) if isinstance(target, (str, torch.device)))
+        targets = (*args[1:], kwargs.get("device"))
+        to_cpu = func is torch.Tensor.to and any(str(target) == "cpu" for target in targets
+                                                 if isinstance(target, (str, torch.device)))
         if func in cls.READS or to_cpu:
             HostReads.reads += 1
         return super().__torch_function__(func, types, args, kwargs)

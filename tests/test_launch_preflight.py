@@ -277,7 +277,8 @@ def flip_bytes(path: Path) -> None:
     """Bytes of the largest tensor in the torch file `path` changed, its size kept: what a disk or a copy can do
     unseen by sizes (the pickle stays readable)."""
     with zipfile.ZipFile(path) as archive:
-        largest = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda info: info.file_size)
+        tensors = [info for info in archive.infolist() if "/data/" in info.filename]
+    largest = max(tensors, key=lambda info: info.file_size)
     data = bytearray(path.read_bytes())
     name_length, extra_length = struct.unpack("<HH", data[largest.header_offset + 26:largest.header_offset + 30])
     start = largest.header_offset + 30 + name_length + extra_length + largest.file_size // 2
@@ -326,10 +327,13 @@ def test_a_latest_that_is_not_text_leaves_the_checkpoints_beside_it_resumable(ru
     (run / "latest").write_bytes(b"global_step\xff\xfe3\n")
     cfg = run_config(tmp_path, f"load={run}", "train_iters=3")
     assert preflight_problems(cfg, TWO_RANKS) == [] and all(f"{run}/global_step3 " in w for w in resume_warnings(cfg))
-    assert nothing_left_to_train(cfg).startswith(f"nothing to train: the checkpoint this run resumes ({run}/global_step3)")
+    assert nothing_left_to_train(cfg).startswith(f"nothing to train: the checkpoint this run resumes ({run}/global_"
+                                                 "step3)")
     assert resume_tag(str(run)) == "global_step3"
-    damaged = f"{run}/latest is damaged: it holds b'global_step\\xff\\xfe3\\n', not a checkpoint's name such as global_step5"
-    assert capsys.readouterr().err == f"warning: resuming from global_step3 in {run}; skipped:\n  latest: {damaged}; not followed\n"
+    damaged = (f"{run}/latest is damaged: it holds b'global_step\\xff\\xfe3\\n', not a checkpoint's name such as "
+               "global_step5")
+    assert capsys.readouterr().err == (f"warning: resuming from global_step3 in {run}; skipped:\n  latest: {damaged}; "
+                                       "not followed\n")
     assert weights_location_problem(run) == f"{damaged}; write the name of the checkpoint to load into it"
 
 

@@ -87,8 +87,8 @@ def test_the_start_time_is_clock_ticks_since_boot():
 LAUNCHER = textwrap.dedent("""
     import os, subprocess, sys
     from megatron.host.orphan_watch import VARIABLE, launcher_identity
-    rank = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=open(sys.argv[2], "w"), stderr=subprocess.STDOUT,
-                            env=dict(os.environ, **{VARIABLE: launcher_identity()}))
+    rank = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=open(sys.argv[2], "w"),
+                            stderr=subprocess.STDOUT, env=dict(os.environ, **{VARIABLE: launcher_identity()}))
     print(rank.pid, flush=True)
     sys.stdin.readline()
 """)
