@@ -23,21 +23,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 from pathlib import Path
 
-
-def _stopped_before_launch(number: int, frame) -> None:
-    """Ctrl-C (or SIGTERM) while deepy.py imports and checks: one line and 128+N, not a traceback; once the ranks
-    start, megatron/launch/supervise.py takes the signals over."""
-    print("deepy.py: stopped at your request, before any process started", file=sys.stderr, flush=True)
-    sys.exit(128 + number)
-
+from megatron.cli import stop_at_once_while_starting
 
 if __name__ == "__main__":  # before the imports below, which take seconds
-    for _number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(_number, _stopped_before_launch)
+    # Ctrl-C (or SIGTERM) while deepy.py imports and checks: one line and 128+N, at once (megatron/cli.py); from
+    # the launch on, megatron/launch/supervise.py takes the signals over.
+    stop_at_once_while_starting("deepy.py", "before any process started")
 
 from megatron.config import ConfigError, inactive_keys, slow_keys  # noqa: E402
 from megatron.config.argument import encode_config  # noqa: E402
@@ -83,10 +77,11 @@ def main(argv: list[str]) -> int:
         check_launcher(cfg, slots)
         check_reachable(cfg, slots)
         raise_if_any(preflight_problems(cfg, slots))
+        done = nothing_left_to_train(cfg)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    if done := nothing_left_to_train(cfg):
+    if done:
         print(f"deepy.py: {done}", flush=True)
         return 0
     print(cfg.format(), flush=True)

@@ -475,7 +475,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    options = parser.parse_args(argv)
+    if options.set and options.child is None:  # one line here, not a child's traceback after the data is built
+        from megatron.config import ConfigError
+        from megatron.config.loader import parse_override
+        from megatron.config.validate import check_keys
+
+        try:  # each key and value alone: how they combine with a variant's own settings is the child's to check
+            check_keys(dict(map(parse_override, options.set)), {})
+        except ConfigError as error:
+            parser.exit(2, f"{parser.prog}: error: --set: {error}\n")
+    return options
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,8 @@ Training steps: each paper config at --layers layers (full width and vocabulary)
 --batch of them per step, bf16 parameters, fused AdamW; a step is forward, the training loss (lm_loss),
 backward and the optimizer step, flash and fused alternating. MFU = tokens/s × training FLOPs per token
 (megatron/model/flops.py, no recomputation) / peak FLOP/s: the fastest bf16 8192² matmul measured here, or
---peak-tflops (e.g. the data sheet's dense bf16 figure).
+--peak-tflops (e.g. the data sheet's dense bf16 figure). The allocator is set up as a training rank's
+(megatron/runtime/entry.py: expandable segments).
 
 --blocks-sweep times flash (l2_norm_gelu) at the 1-5B shapes cutting the --tokens input rows into each number of
 blocks of BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
@@ -286,6 +287,9 @@ def main() -> None:
     if reason:
         print(f"benchmarks.gpu_pattention: {reason}", file=sys.stderr)
         sys.exit(UNAVAILABLE_EXIT)
+    from megatron.runtime.entry import use_training_allocator
+
+    use_training_allocator("cuda")  # before the first device call: measured with the allocator training uses
 
     from benchmarks.paper_configs import PAPER_CONFIGS
 

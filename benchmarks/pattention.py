@@ -39,6 +39,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
 from benchmarks.timing import add_arguments, fastest
+from megatron.cli import positive_int
 from megatron.model.pattention import flash as flash_module
 from megatron.model.pattention import pattention, pattentions_function
 from megatron.model.pattention.fused import fused_pattentions
@@ -208,7 +209,7 @@ def print_host_proxy(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--tokens", type=positive_int, default=1024, help="input tokens of each layer's timing")
     parser.add_argument("--baseline", type=Path, help="another version's megatron/model/pattention/fused.py "
                         "(before the subpackage: megatron/model/pattention.py): its fused_pattention is timed too, "
                         "alternating with the others (column base/G)")

@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
+from megatron.cli import one_line_errors
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, data_file_path, index_file_path
 from megatron.data.preprocess import output_prefix_for
 from megatron.tokenizer.hf_tokenizer import EOD_TOKEN
@@ -90,6 +91,7 @@ def build(out: Path, vocab: int, tokens: int, seed: int) -> str:
     return prefix
 
 
+@one_line_errors("markov_corpus.py")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ast
 import json
+import operator
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,15 +206,39 @@ def test_left_padded_rows_of_a_learned_position_model_compute_as_alone(tmp_path)
 
 class HostReads(torch.Tensor):
     """A tensor (and every tensor computed from it) that counts the reads of its values by the host: on a GPU
-    each is a device synchronisation."""
+    each is a device synchronisation. Python's conversions (bool, int, float, an index), .item() and .tolist(),
+    a copy to the CPU (.cpu(), .to("cpu")) and NumPy's views (.numpy(), np.asarray)."""
 
     reads = 0
+    READS = (torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
+             torch.Tensor.__complex__, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
+             torch.Tensor.__array__)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if func in (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist):
+        kwargs = kwargs or {}
+        targets = (*args[1:], kwargs.get("device"))
+        to_cpu = func is torch.Tensor.to and any(str(target) == "cpu" for target in targets
+                                                 if isinstance(target, (str, torch.device)))
+        if func in cls.READS or to_cpu:
             HostReads.reads += 1
-        return super().__torch_function__(func, types, args, kwargs or {})
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("read", [bool, int, float, operator.index, torch.Tensor.item, torch.Tensor.tolist,
+                                  torch.Tensor.cpu, lambda t: t.to("cpu"), lambda t: t.to(device=torch.device("cpu")),
+                                  torch.Tensor.numpy, np.asarray],
+                         ids=["bool", "int", "float", "index", "item", "tolist", "cpu", "to-cpu", "to-device-cpu",
+                              "numpy", "asarray"])
+def test_host_reads_counts_every_way_the_host_reads_a_value(read):
+    """Issue 46: int(), float(), .cpu() and .numpy() went uncounted, so a test bounding the reads could not fail
+    for them. Computing on the tensor is no read."""
+    value = torch.ones((), dtype=torch.long).as_subclass(HostReads)
+    HostReads.reads = 0
+    (value * 2 + 1).sum()
+    assert HostReads.reads == 0
+    read(value * 2)
+    assert HostReads.reads == 1
 
 
 def test_the_mask_is_read_by_the_host_once_per_forward_not_once_per_layer(tmp_path):

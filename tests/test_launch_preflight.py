@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,9 @@ import torch
 from benchmarks.synthetic_checkpoint import write_synthetic_checkpoint
 from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.selection import resume_tag
-from megatron.config import load_config
+from megatron.config import ConfigError, check_run_inputs, eval_tasks, load_config
 from megatron.formats.consolidated import weights_location_problem
+from megatron.formats.deepspeed.changed_settings import resume_warnings
 from megatron.formats.deepspeed.files import CheckpointUnreadable
 from megatron.formats.registry import read_state
 from megatron.launch.preflight import nothing_left_to_train, preflight_notes, preflight_problems
@@ -266,3 +269,157 @@ def test_a_norm_ramp_without_a_growth_record_that_says_where_it_starts_is_refuse
         "qkv_slot_num": 32, "proj_slot_num": 32, "ffn_slot_num": 128}}))
     [old] = preflight_problems(run_config(tmp_path, f"load={run}", "norm_token_count_ramp_iters=5"), TWO_RANKS)
     assert "predates the ramp: grow the source again" in old
+
+
+# --- issue 46: the checkpoint deepy.py judges is the one the ranks resume ------------------------------------
+
+def flip_bytes(path: Path) -> None:
+    """Bytes of the largest tensor in the torch file `path` changed, its size kept: what a disk or a copy can do
+    unseen by sizes (the pickle stays readable)."""
+    with zipfile.ZipFile(path) as archive:
+        tensors = [info for info in archive.infolist() if "/data/" in info.filename]
+    largest = max(tensors, key=lambda info: info.file_size)
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = struct.unpack("<HH", data[largest.header_offset + 26:largest.header_offset + 30])
+    start = largest.header_offset + 30 + name_length + extra_length + largest.file_size // 2
+    data[start:start + 8] = bytes(byte ^ 0xFF for byte in data[start:start + 8])
+    path.write_bytes(bytes(data))
+
+
+def with_final_checkpoint(run: Path, tmp_path: Path, iteration: int = 5) -> Path:
+    """`run` with global_step`iteration` after its global_step3, `latest` naming it."""
+    cfg = run_config(tmp_path)
+    cfg.padded_vocab_size = pad_vocab_size(build_tokenizer("CharLevelTokenizer", None, None).vocab_size, 128, 1)
+    return write_synthetic_checkpoint(cfg, run, iteration)
+
+
+def test_a_final_checkpoint_with_bytes_flipped_is_not_taken_for_a_finished_run(run, tmp_path):
+    """Issue 46, item 12: the pre-launch choice compared sizes only, so "nothing to train", exit 0, while the ranks
+    would skip the damaged global_step5 and train on from global_step3: a requeued job reported done."""
+    final = with_final_checkpoint(run, tmp_path)
+    cfg = run_config(tmp_path, f"load={run}", "train_iters=5")
+    assert nothing_left_to_train(cfg).startswith(f"nothing to train: the checkpoint this run resumes ({final})")
+    flip_bytes(final / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    assert preflight_problems(cfg, TWO_RANKS) == [] and nothing_left_to_train(cfg) is None  # launched: 3 to 5
+    flip_bytes(run / "global_step3" / "layer_02-model_00-model_states.pt")  # none left to resume: refused
+    with pytest.raises(ConfigError, match=f"load={run}: no checkpoint there can be resumed from:\n  global_step5: "
+                                          "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt does not match its SHA-256"):
+        nothing_left_to_train(run_config(tmp_path, f"load={run}", "train_iters=3"))
+
+
+def test_a_newest_checkpoint_that_would_run_code_is_not_the_one_deepy_speaks_of(run, tmp_path):
+    """Issue 46, item 13: deepy.py warned "resuming .../global_step5 with ... changed" of a checkpoint whose
+    optimizer shard the ranks refuse, and resumed global_step3 after all."""
+    final = with_final_checkpoint(run, tmp_path)
+    marker = tmp_path / "ran"
+    replace_file(final, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", {"state": RunsCode(marker)})
+    cfg = run_config(tmp_path, f"load={run}", "train_iters=6", "weight_decay=0.05")
+    assert preflight_problems(cfg, TWO_RANKS) == []
+    warnings = resume_warnings(cfg)  # data_path too: the pristine run's data is elsewhere
+    assert f"resuming {run / 'global_step3'} with weight_decay changed: saved 0.1, this run 0.05" in "\n".join(warnings)
+    assert all(warning.startswith(f"resuming {run / 'global_step3'} with ") for warning in warnings), warnings
+    assert not marker.exists()
+
+
+def test_a_latest_that_is_not_text_leaves_the_checkpoints_beside_it_resumable(run, tmp_path, capsys):
+    """Issue 46, item 14: a UnicodeDecodeError traceback before launch, and nothing resumable until the file was
+    fixed by hand."""
+    (run / "latest").write_bytes(b"global_step\xff\xfe3\n")
+    cfg = run_config(tmp_path, f"load={run}", "train_iters=3")
+    assert preflight_problems(cfg, TWO_RANKS) == [] and all(f"{run}/global_step3 " in w for w in resume_warnings(cfg))
+    assert nothing_left_to_train(cfg).startswith(f"nothing to train: the checkpoint this run resumes ({run}/global_"
+                                                 "step3)")
+    assert resume_tag(str(run)) == "global_step3"
+    damaged = (f"{run}/latest is damaged: it holds b'global_step\\xff\\xfe3\\n', not a checkpoint's name such as "
+               "global_step5")
+    assert capsys.readouterr().err == (f"warning: resuming from global_step3 in {run}; skipped:\n  latest: {damaged}; "
+                                       "not followed\n")
+    assert weights_location_problem(run) == f"{damaged}; write the name of the checkpoint to load into it"
+
+
+def batch_warnings(cfg) -> list[str]:
+    return [warning for warning in resume_warnings(cfg) if " with seq_length " in warning
+            or " with train_micro_batch_size_per_gpu " in warning]
+
+
+def test_resuming_with_another_sequence_length_or_micro_batch_is_warned_naming_the_key(run, tmp_path):
+    """Issue 46, item 16: neither drew a word; with seq_length halved the data position the checkpoint restores
+    points at other text."""
+    cfg = run_config(tmp_path, f"load={run}", "train_iters=6", "seq_length=32", "train_micro_batch_size_per_gpu=2",
+                     "train_batch_size=null")
+    tag_dir = run / "global_step3"
+    assert batch_warnings(cfg) == [
+        f"resuming {tag_dir} with seq_length changed: saved 64, this run 32. The data position it holds counts "
+        "samples of 64 tokens; samples of 32 are cut and shuffled otherwise, so from there the run reads other text "
+        "than its saved run would have: some of it again, some never (set it as in its config.json if that is not "
+        "intended)",
+        f"resuming {tag_dir} with train_micro_batch_size_per_gpu changed: saved 4, this run 2; a step now trains on "
+        "8 sequences instead of 16, while train_iters and the learning-rate schedule count steps: the run reads "
+        "another amount of text from here (set it as in its config.json if that is not intended)"]
+    same_batch = run_config(tmp_path, f"load={run}", "train_iters=6", "train_micro_batch_size_per_gpu=2",
+                            "gradient_accumulation_steps=4")
+    assert batch_warnings(same_batch) == [
+        f"resuming {tag_dir} with train_micro_batch_size_per_gpu changed: saved 4, this run 2; the global batch "
+        "stays 16 sequences, so a step trains on the same text as before (set it as in its config.json if that is "
+        "not intended)"]
+
+
+@pytest.mark.parametrize("pointed_at", ["the .bin file", "the directory"])
+def test_a_data_path_naming_the_bin_file_or_its_directory_gets_the_prefix_it_means(tmp_path, pointed_at):
+    """Issue 46, item 19: "missing ....bin.bin ...; prepare the dataset first"."""
+    prefix = corpus(tmp_path / "data")
+    given = f"{prefix}.bin" if pointed_at == "the .bin file" else str(tmp_path / "data")
+    with pytest.raises(ConfigError) as error:
+        check_run_inputs(run_config(tmp_path, f"data_path={given}"), "cpu")
+    rule = ("the data prefix is the path without .bin/.idx (e.g. data/demo/demo_text_document), produced by "
+            "tools/preprocess_data.py")
+    meant = (f"for {given} that is {prefix}" if pointed_at == "the .bin file"
+             else f"{given} is a directory, holding the dataset {prefix}")
+    assert f"data_path = {given!r}: missing {given}.bin, {given}.idx; {rule}; {meant}" in str(error.value)
+
+
+def test_a_train_iters_no_run_can_count_is_refused_before_launch(tmp_path):
+    """Issue 46, item 22: train_iters = 10^30 was launched."""
+    with pytest.raises(ConfigError, match=r"train_iters = 1000000000000000000000000000000 is beyond any run: 1.6e\+31 "
+                                          r"samples of train_batch_size 16, more than the data index and the "
+                                          r"checkpoints can count \(2\^63 - 1\)"):
+        run_config(tmp_path, f"train_iters={10**30}")
+
+
+def flip_safetensors_bytes(path: Path) -> None:
+    """Bytes in the middle of the tensors of the safetensors file `path` changed, its size and header kept."""
+    data = bytearray(path.read_bytes())
+    start = 8 + struct.unpack("<Q", data[:8])[0] + (len(data) - 8 - struct.unpack("<Q", data[:8])[0]) // 2
+    data[start:start + 8] = bytes(byte ^ 0xFF for byte in data[start:start + 8])
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("export", ["export_checkpoint", "convert_to_hf"])
+def test_an_export_whose_weights_have_bytes_flipped_is_refused_in_one_line(run, tmp_path, capsys, export):
+    """Issue 46, item 20: exports carried no hash, so flipped bytes in model.safetensors converted (and loaded)
+    without a word. Both exporters now write a manifest beside the weights, which every reader checks."""
+    exported = tmp_path / "exported"
+    if export == "export_checkpoint":
+        export_checkpoint.main([str(run), str(exported), "--safetensors"])
+    else:
+        convert_to_hf.main([str(run), str(exported)])
+    assert read_state(exported, TINY)[0]  # intact: reads
+    flip_safetensors_bytes(exported / "model.safetensors")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        export_checkpoint.main([str(exported), str(tmp_path / "again"), "--config", str(TINY)])
+    [line] = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and line.endswith(
+        f"{exported}/model.safetensors does not match its SHA-256 in the manifest (corrupted); export the weights "
+        "again"), line
+
+
+def test_an_eval_task_no_task_file_names_is_refused_before_lm_eval_builds_its_index(monkeypatch):
+    """Issue 46, item 22: eval_tasks=[piqaa] was refused only after lm-eval had indexed its thousands of task files
+    (72 s without a word). A name in no task file is now refused from their text."""
+    def index(*args, **kwargs):
+        raise AssertionError("lm-eval's task index was built")
+
+    monkeypatch.setattr(eval_tasks, "task_manager", index)
+    assert eval_tasks.eval_task_problems(["piqaa"], None) == [
+        "eval_tasks: 'piqaa' is not a task lm-eval knows (nor one of eval_include_path's); did you mean 'piqa'?"]

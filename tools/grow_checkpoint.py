@@ -35,20 +35,26 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from megatron.checkpoint.commit import STAGING_PREFIX
-from megatron.checkpoint.growth_record import read_growth_record
-from megatron.checkpoint.manifest import content_digest
-from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty
-from megatron.checkpoint.save import checkpoint_tag
-from megatron.config import load_config
-from megatron.config.loader import keys_set
-from megatron.formats.deepspeed.reader import SourceCheckpoint, checkpoint_directory, read_checkpoint, verify_checkpoint
-from megatron.formats.deepspeed.writer import CheckpointWriter
-from megatron.growth.grow import grown_states
-from megatron.growth.notes import default_mode_note
-from megatron.growth.plan import NORM_TOKEN_COUNTS, GrowthPlan, pattention_entry, plan_growth
-from megatron.model.args import GROWTH_MODES
-from megatron.model.spec import slot_keys
+from megatron.cli import describe, one_line_errors, stop_at_once_while_starting
+
+if __name__ == "__main__":  # before the imports below, which take seconds (megatron/cli.py)
+    stop_at_once_while_starting("grow_checkpoint.py", "before anything was written")
+
+from megatron.checkpoint.commit import STAGING_PREFIX  # noqa: E402
+from megatron.checkpoint.growth_record import read_growth_record  # noqa: E402
+from megatron.checkpoint.manifest import content_digest  # noqa: E402
+from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty  # noqa: E402
+from megatron.checkpoint.save import checkpoint_tag  # noqa: E402
+from megatron.config import load_config  # noqa: E402
+from megatron.config.loader import keys_set  # noqa: E402
+from megatron.formats.deepspeed.reader import (SourceCheckpoint, checkpoint_directory, read_checkpoint,  # noqa: E402
+                                               verify_checkpoint)
+from megatron.formats.deepspeed.writer import CheckpointWriter  # noqa: E402
+from megatron.growth.grow import grown_states  # noqa: E402
+from megatron.growth.notes import default_mode_note  # noqa: E402
+from megatron.growth.plan import NORM_TOKEN_COUNTS, GrowthPlan, pattention_entry, plan_growth  # noqa: E402
+from megatron.model.args import GROWTH_MODES  # noqa: E402
+from megatron.model.spec import slot_keys  # noqa: E402
 
 Item = TypeVar("Item")
 _DONE = object()
@@ -179,6 +185,7 @@ def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Nam
     return "\n".join(lines)
 
 
+@one_line_errors("grow_checkpoint.py")
 def main(argv: Sequence[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--load", type=Path, required=True, help="the source checkpoint directory (its `save`)")
@@ -217,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
             allow_shrink=args.allow_shrink, growth_mode=args.growth_mode, norm=args.norm_token_count,
             announce=lambda note: print(note, flush=True))
     except (ValueError, OSError) as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: {describe(error)}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{parser.prog}: interrupted; --save {args.save} holds nothing of this run\n")
     print(_summary(tag_dir, plan, time.perf_counter() - start, args))

@@ -72,7 +72,7 @@ def torch_file_problems(path: Path) -> list[str]:
     name = path.name
     try:
         unexpected = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    except (RuntimeError, ValueError, OSError) as error:
+    except (RuntimeError, ValueError, OSError, pickle.UnpicklingError) as error:
         if path.is_file() and _is_legacy_torch_file(path):
             return [f"{name} is in torch's legacy format (saved before torch 1.6), whose pickle cannot be screened "
                     "without running it: if you trust it, load it with torch.load(weights_only=False) and torch.save "

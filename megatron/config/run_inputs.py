@@ -10,12 +10,13 @@ from pathlib import Path
 
 from megatron.config.config import Config
 from megatron.config.validate import raise_if_any
+from megatron.data.indexed_dataset import prefix_hint
 
 
 def _missing_dataset_files(key: str, prefix: str) -> str | None:
     missing = [f"{prefix}{suffix}" for suffix in (".bin", ".idx") if not Path(f"{prefix}{suffix}").is_file()]
     if missing:
-        return f"{key} = {prefix!r}: missing {', '.join(missing)}; prepare the dataset first"
+        return f"{key} = {prefix!r}: missing {', '.join(missing)}; {prefix_hint(prefix)}"
     return None
 
 

@@ -293,6 +293,19 @@ def _exit_signals_are_catchable(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+# The data index, the sampler and the checkpoints count samples in 64-bit integers.
+MOST_SAMPLES = 2**63 - 1
+
+
+def _samples_can_be_counted(v: Mapping[str, Any]) -> str | None:
+    samples = v["train_iters"] * (v["train_batch_size"] or 1)
+    if samples <= MOST_SAMPLES:
+        return None
+    return (f"train_iters = {v['train_iters']} is beyond any run: {samples:.3g} samples of train_batch_size "
+            f"{v['train_batch_size'] or 1}, more than the data index and the checkpoints can count (2^63 - 1); "
+            "set the number of optimizer steps to train for")
+
+
 RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _heads_divide_hidden,
     _tensor_parallel_splits_evenly,
@@ -307,6 +320,7 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _every_stage_has_a_layer,
     _partition_method_is_known,
     _exit_signals_are_catchable,
+    _samples_can_be_counted,
 )
 
 

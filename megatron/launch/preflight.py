@@ -26,7 +26,8 @@ from pathlib import Path
 from megatron.checkpoint.growth_record import GrowthRecordError, read_growth_record
 from megatron.checkpoint.safety import CheckpointRefused, load_checkpoint_file
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
-from megatron.checkpoint.selection import newest_usable_tag, screened_file_problems
+from megatron.checkpoint.selection import (newest_usable_tag, screened_file_problems, tag_to_resume_before_launch,
+                                           verified_file_problems)
 from megatron.config import Config, ConfigError
 from megatron.config.eval_tasks import eval_task_problems
 from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
@@ -61,7 +62,7 @@ def _padded_vocabulary(cfg: Config) -> tuple[int | None, list[str]]:
 
 def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
     try:
-        tag, _ = newest_usable_tag(cfg.load, screened_file_problems)  # so that nothing below unpickles it
+        tag, _ = tag_to_resume_before_launch(cfg.load)  # screened: nothing below unpickles what may run code
     except CheckpointRefused as error:
         return [str(error)]
     if tag is None:
@@ -92,18 +93,39 @@ def _norm_ramp_problems(cfg: Config, tag_dir: Path | None) -> list[str]:
     return [f"{tag_dir}: {problem}"] if problem else []
 
 
+def _iteration(tag_dir: Path) -> int | None:
+    """The iteration a checkpoint resumes at; None for weights only (a start at iteration 0)."""
+    if holds_weights_only(tag_dir):
+        return None
+    return load_checkpoint_file(files_by_rank(tag_dir, MODEL_FILE)[(0,)]).get("iteration", 0)
+
+
 def nothing_left_to_train(cfg: Config) -> str | None:
     """Why a training run that passed preflight_problems would stop as soon as it started: the checkpoint it
-    resumes already reached train_iters (launched, it would only say so, after start-up); None otherwise."""
+    resumes already reached train_iters (launched, it would only say so, after start-up); None otherwise.
+    ConfigError if no checkpoint there can be resumed from after all.
+
+    Not launching rests on that checkpoint alone, so it is verified as the ranks would verify it (every file's
+    SHA-256 against its manifest) before the run is called done: a damaged one, which the ranks would skip for an
+    older one, would otherwise end a requeued job with exit 0 while it has training left. Only that checkpoint
+    is hashed, and only then: a run that launches leaves the hashing to its ranks."""
     if cfg.eval_only or not cfg.load or Path(cfg.user_script or "train.py").name in INFERENCE_SCRIPTS:
         return None
-    tag, _ = newest_usable_tag(cfg.load, screened_file_problems)
-    if tag is None or holds_weights_only(Path(cfg.load) / tag):  # weights only: a start at iteration 0
+
+    def problems(tag_dir: Path) -> list[str]:
+        found = screened_file_problems(tag_dir)
+        if found or (_iteration(tag_dir) or 0) < cfg.train_iters:
+            return found
+        return verified_file_problems(tag_dir)
+
+    try:
+        tag, _ = newest_usable_tag(cfg.load, problems)
+    except CheckpointRefused as error:  # as preflight_problems reports what it refuses
+        raise ConfigError(str(error)) from None
+    iteration = None if tag is None else _iteration(Path(cfg.load) / tag)
+    if iteration is None or iteration < cfg.train_iters:
         return None
     tag_dir = Path(cfg.load) / tag
-    iteration = load_checkpoint_file(files_by_rank(tag_dir, MODEL_FILE)[(0,)]).get("iteration", 0)
-    if iteration < cfg.train_iters:
-        return None
     return (f"nothing to train: the checkpoint this run resumes ({tag_dir}) is at iteration {iteration} and "
             f"train_iters = {cfg.train_iters}; raise train_iters (and lr_decay_iters, for a longer schedule) to train "
             "on, or set eval_only=true to evaluate it")

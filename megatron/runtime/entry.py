@@ -43,22 +43,34 @@ def share_cores() -> int:
     return threads
 
 
+# The allocator's settings: torch 2.13's name first, then the older CUDA-only one it still reads.
+ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
 def allocator_settings(device_name: str, environ: dict[str, str]) -> dict[str, str]:
     """Environment for the device's memory allocator, set before its first allocation: on CUDA, PyTorch's
-    expandable segments unless PYTORCH_CUDA_ALLOC_CONF says otherwise. A training step allocates buffers of
-    very different sizes in turn (activations in forward, flat gradient and master-weight partitions in the
-    optimizer step); with fixed segments the cache fragments, and near the card's capacity every step frees the
-    whole cache and retries the allocation, each time waiting for the device (docs/performance.md)."""
-    if device_name != "cuda" or "PYTORCH_CUDA_ALLOC_CONF" in environ:
+    expandable segments unless PYTORCH_ALLOC_CONF (or the older PYTORCH_CUDA_ALLOC_CONF) says otherwise. A
+    training step allocates buffers of very different sizes in turn (activations in forward, flat gradient and
+    master-weight partitions in the optimizer step); with fixed segments the cache fragments, and near the card's
+    capacity every step frees the whole cache and retries the allocation, each time waiting for the device
+    (docs/performance.md)."""
+    if device_name != "cuda" or any(name in environ for name in ALLOCATOR_VARIABLES):
         return {}
-    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    return {ALLOCATOR_VARIABLES[0]: "expandable_segments:True"}
+
+
+def use_training_allocator(device_name: str | None = None) -> None:
+    """Give this process the allocator settings a rank of deepy.py's gets on `device_name` (by default the
+    accelerator's), before its first device allocation: what a benchmark measures in its own process is then
+    what training gets."""
+    os.environ.update(allocator_settings(device_name or get_accelerator().device_name(), os.environ))
 
 
 def _prepare_process(settings: RuntimeSettings) -> None:
     """What a rank sets before its script's work: the device allocator's settings, Triton's interpreter where the
     kernels run on a CPU, its share of the cores, the watch on deepy.py, the extension cache (as deepy.py does,
     for ranks started without it: srun, mpirun by hand)."""
-    os.environ.update(allocator_settings(get_accelerator().device_name(), os.environ))
+    use_training_allocator()
     if settings.flash_backend == "triton" and get_accelerator().device_name() == "cpu":
         # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
