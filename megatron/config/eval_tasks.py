@@ -1,11 +1,11 @@
 """eval_tasks against lm-eval's task index: the index eval.py runs with, the names it does not know, and data
 that cannot be had here.
 
-lm-eval indexes its thousands of built-in task files in seconds to over a minute, so they are indexed only
-when a task is not one of eval_include_path's. deepy.py checks before launch that each name is known (otherwise
-a KeyError in every rank) and that each task's dataset is local, in the datasets cache, or on a hub this machine
-reaches (otherwise a 50-line traceback after minutes, offline). A name that appears in none of the task files,
-read as plain text (a second or two), is refused at once, before lm-eval is imported or its index built.
+Indexing lm-eval's thousands of built-in task files is slow, so they are indexed only when a task is not one
+of eval_include_path's. deepy.py checks before launch that each name is known (otherwise a KeyError in every
+rank) and that each task's dataset is local, in the datasets cache, or on a hub this machine reaches (otherwise
+a long traceback, late, offline). A name that appears in none of the task files, read as plain text (much
+quicker than the index), is refused at once, before lm-eval is imported or its index built.
 """
 
 from __future__ import annotations

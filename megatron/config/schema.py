@@ -297,14 +297,13 @@ _CHECKPOINT = (
         "the smaller model's state over (tools/grow_checkpoint.py --reset-optimizer). Implied by growth_mode "
         "official unless growth_optimizer is carry; the same as growth_optimizer: reset."),
     Key("growth_mode", str, "official", "checkpoint",
-        "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens; official, the "
-        "default, trained best in the growth study (benchmarks/RESULTS.md, issue 41). preserve: "
-        "zero keys, values from the init, and sqrt(n) kept at the old token count, so the grown model computes "
-        "the same function; Adam state carried over. official: as the official TokenFormer code "
-        "(custom_load_fn_incremental): the old rows copied into a freshly initialised larger model, so new "
-        "keys and values come from the init and sqrt(n) is the new count (the function changes), a fresh "
-        "optimizer and iteration 0; softmax can grow. growth_optimizer and growth_norm_token_count change one of "
-        "these at a time. docs/growth.md.", choices=("preserve", "official")),
+        "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens. official: as "
+        "the official TokenFormer code (custom_load_fn_incremental): the old rows copied into a freshly "
+        "initialised larger model, so new keys and values come from the init and sqrt(n) is the new count (the "
+        "function changes), a fresh optimizer and iteration 0; softmax can grow. preserve: zero keys, values "
+        "from the init, and sqrt(n) kept at the old token count, so the grown model computes the same function; "
+        "Adam state carried over. growth_optimizer and growth_norm_token_count change one of these at a time. "
+        "docs/growth.md compares the modes.", choices=("preserve", "official")),
     Key("growth_optimizer", str, None, "checkpoint",
         "What growth does with Adam's state: carry (the old tokens' moments and the step count kept, the new "
         "tokens' moments zero) or reset (a fresh optimizer). Unset: the growth mode's (preserve carries, official "
