@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 CLAIM_PREFIX = ".build-claim-"
-MAX_BUILD_SECONDS = 3600.0  # far beyond any op's build (1-5 minutes on a CPU)
+MAX_BUILD_SECONDS = 3600.0  # far beyond any op's build on a CPU
 LOCK_CLAIM_SECONDS = 60.0  # far beyond the moment between a build lock's creation and its builder's lock on it
 POLL_SECONDS = 5.0
 _claims: dict[Path, int] = {}  # caches this process holds its claim on (a descriptor), for its life
