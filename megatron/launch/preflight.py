@@ -1,6 +1,6 @@
 """What deepy.py checks in the files a run will read before any process starts, beyond the config itself
-(`check_run_inputs`): a problem found here costs a second, found in the ranks it costs a launch and prints one
-traceback per rank.
+(`check_run_inputs`): a problem found here is named once, before anything starts; found in the ranks it costs a
+launch and prints one traceback per rank.
 
 - the tokenizer loads (a vocab_file that is not a tokenizer is named), giving the padded vocabulary;
 - every dataset: headers, sizes, documents, token ids within the vocabulary (megatron/data/dataset_check.py),
