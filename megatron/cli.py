@@ -1,7 +1,7 @@
 """How the project's command-line programs end on bad input or a stop: one line a person can act on, never a
 traceback or an `[Errno N]`.
 
-- `stop_at_once_while_starting`, called before a program's imports (seconds of torch): a Ctrl-C or SIGTERM
+- `stop_at_once_while_starting`, called before a program's imports (torch's is slow): a Ctrl-C or SIGTERM
   there prints one line and ends the process at once. Nothing has started that needs unwinding, and unwinding
   from wherever the signal landed is what goes wrong: an exception raised inside a half-finished import leaves
   the module half-initialised for the next code that touches it (a second traceback), or crosses a pybind11

@@ -98,7 +98,7 @@ def current_lineage(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> 
 
 def recorded_lineage(plan: Plan, stage: Stage) -> dict[str, Any] | None:
     """The lineage written when the stage was started; None if there is none (a stage not started, or started
-    by a driver before lineages were written)."""
+    by a driver that wrote none)."""
     path = lineage_path(plan, stage)
     if not path.is_file():
         return None
