@@ -9,13 +9,13 @@ TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ff
 give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
 tokens, its growth_mode (or the flag) how they are made. Same counts and another layout re-shard only: the
 weights, the n of √n, the optimizer state, the iteration and the growth record are kept, whatever the mode.
-official (the default: it trained best in the growth study, benchmarks/RESULTS.md): as the official
-TokenFormer code, old rows copied into a fresh init of the larger model (√n of the new count), optimizer state
-dropped and iteration 0. preserve: old tokens stay bit-exact, new keys are zero and the normalisation keeps the
-old n, so the grown model computes the same function; the Adam state is carried over (new tokens' moments zero)
-and the iteration and LR schedule continue. --norm-token-count
+official (the default): as the official TokenFormer code, old rows copied into a fresh init of the larger
+model (√n of the new count), optimizer state dropped and iteration 0. preserve: old tokens stay bit-exact, new
+keys are zero and the normalisation keeps the old n, so the grown model computes the same function; the Adam
+state is carried over (new tokens' moments zero) and the iteration and LR schedule continue. --norm-token-count
 and --reset-optimizer / --carry-optimizer (or the config's growth_norm_token_count and growth_optimizer) change
-one of these at a time. Train from NEW_DIR with `load: NEW_DIR` and the target config; nothing else to set.
+one of these at a time; docs/growth.md compares the modes. Train from NEW_DIR with `load: NEW_DIR` and the
+target config; nothing else to set.
 
 The source is only read; its files are checked against its manifest while growing, and nothing is published
 unless they match. The output is written under a temporary name and renamed when complete.
@@ -37,7 +37,7 @@ from typing import TypeVar
 
 from megatron.cli import describe, one_line_errors, stop_at_once_while_starting
 
-if __name__ == "__main__":  # before the imports below, which take seconds (megatron/cli.py)
+if __name__ == "__main__":  # before the imports below, which are slow (megatron/cli.py)
     stop_at_once_while_starting("grow_checkpoint.py", "before anything was written")
 
 from megatron.checkpoint.commit import STAGING_PREFIX  # noqa: E402
@@ -74,8 +74,8 @@ def computed_ahead(items: Iterator[Item], ahead: int = 2) -> Iterator[Item]:
 def keep_freed_memory_for_reuse() -> bool:
     """Have glibc's malloc serve large blocks from its heap and keep freed ones there, so the next grown tensor
     of a size reuses memory the allocator itself knows is free, instead of a fresh mmap whose pages the kernel
-    faults in and zeroes one by one (a third of the tool's time at 1-5B size). The tool's own memory then stays
-    at its peak until it exits. False where the C library is not glibc (nothing changes)."""
+    faults in and zeroes one by one (figures: benchmarks/RESULTS.md, "Growth"). The tool's own memory then
+    stays at its peak until it exits. False where the C library is not glibc (nothing changes)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

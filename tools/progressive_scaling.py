@@ -70,9 +70,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(the shared config files or the plan edited), and every stage after it, instead of refusing; "
                         "their directories are moved to work_dir/replaced/")
     parser.add_argument(ADOPT_FLAG, action="store_true",
-                        help="pin a started stage that has no lineage.json (started by an older driver, or the file "
-                        "deleted) or one naming its source by tag only, as the plan and its config files give it now, "
-                        "instead of refusing")
+                        help="pin a started stage that has no lineage.json (a driver that wrote none started it, or "
+                        "the file was deleted) or one naming its source by tag only, as the plan and its config "
+                        "files give it now, instead of refusing")
     parser.add_argument("--quiet", action="store_true", help="run locally without echoing each step's output")
     parser.add_argument("--step", choices=(GROW, FINISH, CHECK), help=argparse.SUPPRESS)  # a SLURM chain's jobs
     parser.add_argument("--stage", help=argparse.SUPPRESS)
