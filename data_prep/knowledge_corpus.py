@@ -8,16 +8,16 @@ colour, a pet), drawn at random from `--values` made-up words per attribute. A d
 each a uniform pick of a person and of a template among all the attributes' templates (an attribute with more
 templates is stated more often), stating that attribute of that person ("ruvotasel born kemara ."). Nothing about
 a person can be inferred from anything else, so a model lowers its loss on the value words only by storing the
-facts: the growth study's second task (issue 41), closer to text than the Markov source
+facts: the growth study's second task, closer to text than the Markov source
 (data_prep/markov_corpus.py). Whether it measures capacity depends on its size: with fewer fact bits
 (`fact_bits` in OUT/knowledge_source.json) than the smallest model can hold, every model can store every fact,
 and a loss after a fixed number of steps measures how fast facts are stored, not how many fit (docs/growth.md
 says which the study's setting measures).
 
-The templates are telegraphic, the value right after the name and the attribute's word: with the sentences of
-longer templates ("the birthplace of ruvotasel is kemara .", two or three words between name and value) no
-model of the study's sizes learned a single fact within its 750 steps (benchmarks/RESULTS.md, issue 41), as
-retrieving a name a few words back is learned late; the study measures storing, not that.
+The templates are telegraphic, the value right after the name and the attribute's word, because the study
+measures storing facts: retrieving a name a few words back ("the birthplace of ruvotasel is kemara .") is
+learned late, so small models trained briefly show no fact learned at all (benchmarks/RESULTS.md, "Growth
+ablation").
 
 The loss of a model that knows every fact is the entropy of what stays random (which sentence, which person:
 `floor_nats`, per token, written to OUT/knowledge_source.json); one that knows none pays ln(values) more on each
@@ -43,8 +43,8 @@ from megatron.data.preprocess import output_prefix_for
 from megatron.tokenizer.hf_tokenizer import EOD_TOKEN
 
 NAME = "knowledge"
-# attribute -> its templates; NAME stands for the person's name, VALUE for the attribute's value. One each, as
-# longer ones were not learned at the study's sizes (above); a template of more words can be added to a tuple.
+# attribute -> its templates; NAME stands for the person's name, VALUE for the attribute's value. One each,
+# short (above); a template of more words can be added to a tuple.
 ATTRIBUTES = {
     "birthplace": ("NAME born VALUE .",),
     "job": ("NAME works VALUE .",),

@@ -6,7 +6,7 @@ Every context (the two tokens before) has SUCCESSORS next tokens drawn at random
 fixed probabilities PROBABILITIES. Nothing in the table is shared between contexts, so a model lowers its loss
 only by storing more of it: the source's entropy rate (written to OUT/markov_source.json) is the loss of a model
 that stored all of it, ln(vocab) that of one that stored nothing, and how far between a model ends says how much
-it holds. This is the regime the growth study needs (issue 28): the part of language modelling that scales with
+it holds. This is the regime the growth study needs: the part of language modelling that scales with
 parameters (memorising associations: n-grams, names, facts) without the part a small model learns as well as a
 large one. With the default 64 tokens the table has 4,096 contexts (about 95k bits).
 
