@@ -1,4 +1,4 @@
-"""The report's Ablation section (issue 41): which of the factors by which the growth modes differ carries the
+"""The report's Ablation section: which of the factors by which the growth modes differ carries the
 difference between them.
 
 preserve and official differ in three things (docs/growth.md): the new keys (zero or from the init), the n of
