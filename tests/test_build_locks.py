@@ -1,10 +1,10 @@
 """A build lock in DeepSpeed's op cache is removed only when it is stale on every host (megatron/host/
-build_locks.py): a lock left by an interrupted start goes (issue 30, item 3), a live build's on another host sharing
-the folder stays (issue 42, item 2), on NFS too, and a live job on another host that is not building holds no
-leftover back (issue 46, item 5). The two "hosts" are two processes whose host names differ (socket.gethostname,
-which the claims are named by, set in each); a build on the other host holds its lock open where this host's /proc
-cannot see it, so the other host's builder closes its descriptor here. On "nfs", flock is what NFS makes of it: a
-POSIX lock on the whole file, which needs a file opened for reading (shared) or writing (exclusive)."""
+build_locks.py): a lock left by an interrupted start goes, a live build's on another host sharing the folder
+stays, on NFS too, and a live job on another host that is not building holds no leftover back. The two "hosts"
+are two processes whose host names differ (socket.gethostname, which the claims are named by, set in each); a
+build on the other host holds its lock open where this host's /proc cannot see it, so the other host's builder
+closes its descriptor here. On "nfs", flock is what NFS makes of it: a POSIX lock on the whole file, which needs a
+file opened for reading (shared) or writing (exclusive)."""
 
 from __future__ import annotations
 
@@ -95,8 +95,9 @@ def test_a_build_on_another_host_keeps_its_lock_and_deepy_waits_for_it(tmp_path,
 @pytest.mark.slow
 @pytest.mark.parametrize("nfs", [False, True], ids=["local", "nfs"])
 def test_a_lock_whose_builder_died_on_another_host_is_removed(tmp_path, nfs):
-    """On NFS the claim was a shared flock on a file opened for writing only, and the probe an exclusive one on a
-    file opened for reading only: both refused, so every leftover waited an hour (issue 46, item 5)."""
+    """On NFS too: the claim and the probe are POSIX locks on files opened the way NFS requires (a shared flock on
+    a file opened for writing only, or an exclusive one on a file opened for reading only, is refused there, and
+    every leftover would then wait MAX_BUILD_SECONDS)."""
     lock = tmp_path / "deepspeed_shm_comm" / "lock"
     builder = on_node_a(tmp_path, nfs=nfs)
     builder.kill()  # SIGKILL: its lock stays, its claim goes with it
@@ -108,8 +109,8 @@ def test_a_lock_whose_builder_died_on_another_host_is_removed(tmp_path, nfs):
 
 @pytest.mark.slow
 def test_a_leftover_lock_is_removed_though_another_host_runs_a_job_that_is_not_building(tmp_path):
-    """A job of this environment alive on another host (its claim held) made every leftover wait the full hour
-    (issue 46, item 5). A lock that nobody holds a lock on, LOCK_CLAIM_SECONDS after it was made, is nobody's
+    """A job of this environment alive on another host (its claim held) does not make a leftover wait
+    MAX_BUILD_SECONDS: a lock that nobody holds a lock on, LOCK_CLAIM_SECONDS after it was made, is nobody's
     build."""
     lock = tmp_path / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True)

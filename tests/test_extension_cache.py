@@ -1,4 +1,4 @@
-"""DeepSpeed's compiled op is cached per Python environment (issue 30, item 3); its build locks:
+"""DeepSpeed's compiled op is cached per Python environment; its build locks:
 tests/test_build_locks.py."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_the_cache_is_this_environments_unless_the_user_chose_one(monkeypatch, t
 
 
 def test_a_read_only_environment_gets_a_folder_of_its_own_in_the_users_cache(tmp_path):
-    """The Docker image's environment belongs to root while its user runs the ranks (issue 29's test found it)."""
+    """The Docker image's environment belongs to root while its user runs the ranks: the cache goes elsewhere."""
     import subprocess as run
 
     prefix = tmp_path / "venv"

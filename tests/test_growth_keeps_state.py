@@ -1,4 +1,4 @@
-"""A growth mode applies where something grows (issue 46): a re-shard with the slot counts unchanged, and weights
+"""A growth mode applies where something grows: a re-shard with the slot counts unchanged, and weights
 loaded as they are (a weights-only warm start, pretrain_partial_init of the same size), keep the weights, the n
 of √n, Adam's state, the iteration, the consumed samples and the growth record in every mode; a re-shard that
 restarts the iteration restarts any ramp from the n it holds; the grown checkpoint pins its source's digest;

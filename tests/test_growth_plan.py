@@ -292,9 +292,8 @@ def test_official_growth_refuses_zero_new_values_and_unknown_modes():
 
 
 def test_the_default_growth_is_the_one_that_trained_best(tmp_path):
-    """Issue 41: in the growth study official ended lowest on the task that passed its regime check (docs/growth.md),
-    so it is what a config without growth_mode grows by: the tool, pretrain_partial_init and the progressive driver
-    all read it from the config."""
+    """A config without growth_mode grows by official, the default (docs/growth.md says why): the tool,
+    pretrain_partial_init and the progressive driver all read it from the config."""
     untouched = tmp_path / "tiny_without_growth_mode.yml"
     untouched.write_text("".join(line for line in TINY.read_text().splitlines(keepends=True)
                                  if not line.startswith("growth_mode")))
@@ -305,7 +304,7 @@ def test_the_default_growth_is_the_one_that_trained_best(tmp_path):
 
 
 def test_one_growth_mode_vocabulary_and_one_default_for_the_layer_and_the_config():
-    """Issue 50: the modes defined once (model/args.py), the layer's grow() and the config defaulting alike; the
+    """The modes defined once (model/args.py), the layer's grow() and the config defaulting alike; the
     schema, which cannot import the model package, keeps a literal copy pinned here."""
     import inspect
 

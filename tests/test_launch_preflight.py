@@ -1,7 +1,7 @@
 """deepy.py's checks before launch (megatron/launch/preflight.py), called directly on files made here: a synthetic
 checkpoint in the Trainer's layout (benchmarks/synthetic_checkpoint.py), a dataset and the character tokenizer,
-without a launch. Each case of issue 42 failed before its fix: a run that started from scratch without a word, a
-traceback, or a problem found only after launch."""
+without a launch. Each case is a problem that must be named before launch, in one line: otherwise a run starts
+from scratch without a word, ends in a traceback, or finds the problem only after launch."""
 
 from __future__ import annotations
 
@@ -82,10 +82,10 @@ class RunsCode:
         return os.system, (f"touch {self.marker}",)
 
 
-# --- item 6: a `load` that holds no checkpoint --------------------------------------------------------------
+# --- a `load` that holds no checkpoint ----------------------------------------------------------------------------
 
 def test_a_load_holding_no_checkpoint_is_refused_with_the_fix(run, tmp_path):
-    """Issue 42: each of these trained from scratch, exit 0, without a word."""
+    """Each of these `load`s would otherwise train from scratch, exit 0, without a word."""
     tag_dir = run / "global_step3"
     [problem] = preflight_problems(run_config(tmp_path, f"load={tag_dir}"), TWO_RANKS)
     assert problem == (f"load = {tag_dir} is one checkpoint of the run in {run}, but load is the save directory "
@@ -128,11 +128,12 @@ def test_load_equal_to_save_with_nothing_there_starts_afresh_saying_so(tmp_path,
     assert said == f"load={tmp_path}/new_run holds no checkpoint yet: this run starts at iteration 0\n"
 
 
-# --- item 7: a `latest` naming a path outside the save directory --------------------------------------------
+# --- a `latest` naming a path outside the save directory ----------------------------------------------------------
 
 @pytest.mark.parametrize("named", ["../other_run/global_step3", "/etc"])
 def test_a_latest_naming_a_path_outside_the_directory_is_skipped_with_a_warning(run, tmp_path, capsys, named):
-    """Issue 42: `../other_run/global_step5` resumed another run's checkpoint; `/etc` crashed deepy.py."""
+    """A tag is a directory name inside the save directory: `../other_run/global_step5` must not resume another
+    run's checkpoint, and `/etc` must not crash deepy.py."""
     shutil.copytree(run, tmp_path / "other_run")
     (run / "latest").write_text(named)
     assert preflight_problems(run_config(tmp_path, f"load={run}"), TWO_RANKS) == []
@@ -145,12 +146,12 @@ def test_a_latest_naming_a_path_outside_the_directory_is_skipped_with_a_warning(
         "load that checkpoint by its own path if it is the one meant")
 
 
-# --- item 10: unsafe or damaged files ------------------------------------------------------------------------
+# --- unsafe or damaged files --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", [MODEL_SHARD, "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_state_1.pt"])
 def test_a_file_that_would_run_code_is_refused_before_launch_with_the_safety_message(run, tmp_path, name):
-    """Issue 42: a model shard stopped deepy.py with torch's UnpicklingError traceback; an optimizer or RNG shard
-    was found only by the ranks, one traceback each."""
+    """Any shard that would run code (model, optimizer or RNG) is refused by deepy.py in one line, not by torch's
+    UnpicklingError traceback nor by the ranks, one traceback each."""
     marker = tmp_path / "ran"
     replace_file(run / "global_step3", name, {"state": RunsCode(marker)})
     [problem] = preflight_problems(run_config(tmp_path, f"load={run}"), TWO_RANKS)
@@ -170,9 +171,9 @@ def test_a_model_shard_in_the_legacy_format_is_refused_before_launch(run, tmp_pa
 
 
 def test_tools_and_loading_report_a_file_that_would_run_code_in_one_line(run, tmp_path, capsys):
-    """Issue 42: export_checkpoint.py, convert_to_hf.py (and generate.py, through load_model) printed torch's
-    UnpicklingError traceback, as they did safetensors' SafetensorError for a damaged file (below); and
-    convert_to_hf's hint said `pass config=` for its option --config."""
+    """export_checkpoint.py, convert_to_hf.py (and generate.py, through load_model) name such a file in one line,
+    not in torch's UnpicklingError traceback (nor safetensors' SafetensorError for a damaged file, below); and
+    convert_to_hf's hint names its own option, --config, not load_model's `config=`."""
     marker = tmp_path / "ran"
     layer_file = "layer_01-model_00-model_states.pt"
     replace_file(run / "global_step3", layer_file, {"weight": RunsCode(marker)})
@@ -208,7 +209,7 @@ def test_convert_to_hf_asks_for_its_own_option_when_weights_have_no_config(tmp_p
            "(tools/*.py)" in capsys.readouterr().err
 
 
-# --- item 11: what was checked only after launch -------------------------------------------------------------
+# --- what the ranks would find only after launch ------------------------------------------------------------------
 
 def test_a_log_dir_under_a_file_is_refused_before_launch(tmp_path):
     (tmp_path / "notes").write_text("")
@@ -232,8 +233,8 @@ def test_eval_only_with_a_checkpoints_own_directory_is_refused_before_launch(run
 
 
 def test_train_iters_at_or_below_the_checkpoints_iteration_is_said_before_launch(run, tmp_path):
-    """Issue 42: launched, printed two unrelated LR warnings, then "nothing to do" 28 s later. deepy.py now says
-    it and exits 0 without launching (a finished run asked again is no error: a requeued job's, say)."""
+    """deepy.py says there is nothing to train and exits 0 without launching, rather than start the ranks only for
+    them to say so (a finished run asked again is no error: a requeued job's, say)."""
     cfg = run_config(tmp_path, f"load={run}", "train_iters=3")
     assert preflight_problems(cfg, TWO_RANKS) == []
     assert nothing_left_to_train(cfg) == (
@@ -244,11 +245,11 @@ def test_train_iters_at_or_below_the_checkpoints_iteration_is_said_before_launch
     assert nothing_left_to_train(run_config(tmp_path, f"load={run}", "train_iters=3", "eval_only=true")) is None
 
 
-# --- item 13: a train split read many times -------------------------------------------------------------------
+# --- a train split read many times --------------------------------------------------------------------------------
 
 def test_a_train_split_that_training_reads_many_times_gets_a_note(tmp_path):
-    """Issue 42: split=1,49,50 and 300 iterations read the train split 62 times, and the run started without a
-    word. 100 documents of 100 tokens, half of them train's: 5,000 tokens; a global batch is 16 x 64 tokens."""
+    """A run that reads its train split many times gets a note before launch, not silence. 100 documents of 100
+    tokens, half of them train's: 5,000 tokens; a global batch is 16 x 64 tokens."""
     cfg = run_config(tmp_path, "split='50,25,25'", "train_iters=300")
     assert preflight_notes(cfg) == [
         f"data_path = {cfg.data_path!r} with split = '50,25,25' gives the train split 50 documents of 5,000 tokens, "
@@ -271,7 +272,7 @@ def test_a_norm_ramp_without_a_growth_record_that_says_where_it_starts_is_refuse
     assert "predates the ramp: grow the source again" in old
 
 
-# --- issue 46: the checkpoint deepy.py judges is the one the ranks resume ------------------------------------
+# --- the checkpoint deepy.py judges is the one the ranks resume ---------------------------------------------------
 
 def flip_bytes(path: Path) -> None:
     """Bytes of the largest tensor in the torch file `path` changed, its size kept: what a disk or a copy can do
@@ -294,8 +295,8 @@ def with_final_checkpoint(run: Path, tmp_path: Path, iteration: int = 5) -> Path
 
 
 def test_a_final_checkpoint_with_bytes_flipped_is_not_taken_for_a_finished_run(run, tmp_path):
-    """Issue 46, item 12: the pre-launch choice compared sizes only, so "nothing to train", exit 0, while the ranks
-    would skip the damaged global_step5 and train on from global_step3: a requeued job reported done."""
+    """"Nothing to train" rests on the final checkpoint's contents, not its sizes: the ranks would skip the damaged
+    global_step5 and train on from global_step3, so a requeued job must not report itself done."""
     final = with_final_checkpoint(run, tmp_path)
     cfg = run_config(tmp_path, f"load={run}", "train_iters=5")
     assert nothing_left_to_train(cfg).startswith(f"nothing to train: the checkpoint this run resumes ({final})")
@@ -308,8 +309,8 @@ def test_a_final_checkpoint_with_bytes_flipped_is_not_taken_for_a_finished_run(r
 
 
 def test_a_newest_checkpoint_that_would_run_code_is_not_the_one_deepy_speaks_of(run, tmp_path):
-    """Issue 46, item 13: deepy.py warned "resuming .../global_step5 with ... changed" of a checkpoint whose
-    optimizer shard the ranks refuse, and resumed global_step3 after all."""
+    """What deepy.py says before launch ("resuming ... with ... changed") is of the checkpoint the ranks resume,
+    global_step3, not of a newer one whose optimizer shard they refuse."""
     final = with_final_checkpoint(run, tmp_path)
     marker = tmp_path / "ran"
     replace_file(final, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", {"state": RunsCode(marker)})
@@ -322,8 +323,8 @@ def test_a_newest_checkpoint_that_would_run_code_is_not_the_one_deepy_speaks_of(
 
 
 def test_a_latest_that_is_not_text_leaves_the_checkpoints_beside_it_resumable(run, tmp_path, capsys):
-    """Issue 46, item 14: a UnicodeDecodeError traceback before launch, and nothing resumable until the file was
-    fixed by hand."""
+    """A damaged `latest` is named and skipped, without a UnicodeDecodeError traceback: the checkpoints beside it
+    stay resumable without fixing the file by hand."""
     (run / "latest").write_bytes(b"global_step\xff\xfe3\n")
     cfg = run_config(tmp_path, f"load={run}", "train_iters=3")
     assert preflight_problems(cfg, TWO_RANKS) == [] and all(f"{run}/global_step3 " in w for w in resume_warnings(cfg))
@@ -343,8 +344,8 @@ def batch_warnings(cfg) -> list[str]:
 
 
 def test_resuming_with_another_sequence_length_or_micro_batch_is_warned_naming_the_key(run, tmp_path):
-    """Issue 46, item 16: neither drew a word; with seq_length halved the data position the checkpoint restores
-    points at other text."""
+    """Each is warned naming the key: with seq_length halved, the data position the checkpoint restores points at
+    other text."""
     cfg = run_config(tmp_path, f"load={run}", "train_iters=6", "seq_length=32", "train_micro_batch_size_per_gpu=2",
                      "train_batch_size=null")
     tag_dir = run / "global_step3"
@@ -366,7 +367,7 @@ def test_resuming_with_another_sequence_length_or_micro_batch_is_warned_naming_t
 
 @pytest.mark.parametrize("pointed_at", ["the .bin file", "the directory"])
 def test_a_data_path_naming_the_bin_file_or_its_directory_gets_the_prefix_it_means(tmp_path, pointed_at):
-    """Issue 46, item 19: "missing ....bin.bin ...; prepare the dataset first"."""
+    """The error names the prefix meant, not "missing ....bin.bin ...; prepare the dataset first"."""
     prefix = corpus(tmp_path / "data")
     given = f"{prefix}.bin" if pointed_at == "the .bin file" else str(tmp_path / "data")
     with pytest.raises(ConfigError) as error:
@@ -379,7 +380,7 @@ def test_a_data_path_naming_the_bin_file_or_its_directory_gets_the_prefix_it_mea
 
 
 def test_a_train_iters_no_run_can_count_is_refused_before_launch(tmp_path):
-    """Issue 46, item 22: train_iters = 10^30 was launched."""
+    """train_iters beyond what the 64-bit sample counts hold is refused before launch."""
     with pytest.raises(ConfigError, match=r"train_iters = 1000000000000000000000000000000 is beyond any run: 1.6e\+31 "
                                           r"samples of train_batch_size 16, more than the data index and the "
                                           r"checkpoints can count \(2\^63 - 1\)"):
@@ -396,8 +397,8 @@ def flip_safetensors_bytes(path: Path) -> None:
 
 @pytest.mark.parametrize("export", ["export_checkpoint", "convert_to_hf"])
 def test_an_export_whose_weights_have_bytes_flipped_is_refused_in_one_line(run, tmp_path, capsys, export):
-    """Issue 46, item 20: exports carried no hash, so flipped bytes in model.safetensors converted (and loaded)
-    without a word. Both exporters now write a manifest beside the weights, which every reader checks."""
+    """Both exporters write a manifest beside the weights, which every reader checks: flipped bytes in
+    model.safetensors are refused in one line, not converted (or loaded) without a word."""
     exported = tmp_path / "exported"
     if export == "export_checkpoint":
         export_checkpoint.main([str(run), str(exported), "--safetensors"])
@@ -415,8 +416,8 @@ def test_an_export_whose_weights_have_bytes_flipped_is_refused_in_one_line(run, 
 
 
 def test_an_eval_task_no_task_file_names_is_refused_before_lm_eval_builds_its_index(monkeypatch):
-    """Issue 46, item 22: eval_tasks=[piqaa] was refused only after lm-eval had indexed its thousands of task files
-    (72 s without a word). A name in no task file is now refused from their text."""
+    """A name in no task file (eval_tasks=[piqaa]) is refused from the files' text, before lm-eval builds its slow
+    index of thousands of task files."""
     def index(*args, **kwargs):
         raise AssertionError("lm-eval's task index was built")
 

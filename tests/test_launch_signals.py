@@ -108,7 +108,8 @@ def test_sigterm_to_deepspeeds_runner_reaches_the_ranks_too(demo_data, tmp_path)
 
 @pytest.mark.parametrize("hostfile", [False, True], ids=["local", "hostfile"])
 def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path, hostfile):
-    """Issue 30: SIGKILL of deepy.py left its ranks training, holding the save lock and the port."""
+    """A SIGKILL of deepy.py stops its ranks, which save: otherwise they would train on unattended, holding the save
+    lock and the port."""
     run = tmp_path / "run"
     (tmp_path / "hostfile").write_text("localhost slots=2\n")
     launcher = start_training(demo_data, run, *([f"hostfile={tmp_path / 'hostfile'}"] if hostfile else []))
@@ -126,9 +127,9 @@ def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path, hostfile)
 
 
 def test_a_stop_during_start_up_says_so_exits_130_and_ends_what_the_ranks_started(demo_data, tmp_path):
-    """Issue 30: a start stopped while DeepSpeed compiled its op left the compiler running as an orphan. Issue 42:
-    the stop was reported as a failure ("the launcher exited 241 ... killed by SIGTERM") and the compilers ran on
-    for 75 s. The ranks here catch no signal, as ranks still starting do not."""
+    """A start stopped while DeepSpeed compiles its op is reported as a stop, not as a failure ("the launcher exited
+    241 ... killed by SIGTERM"), and the compilers the ranks started end at once instead of running on as orphans.
+    The ranks here catch no signal, as ranks still starting do not."""
     pids = tmp_path / "children"
     command = [sys.executable, "deepy.py", "tests/scripts/rank_check.py", TINY, *data_overrides(demo_data),
                f"master_port={free_port()}"]
@@ -150,8 +151,8 @@ def test_a_stop_during_start_up_says_so_exits_130_and_ends_what_the_ranks_starte
 
 
 def test_two_runs_started_together_on_one_port_never_mix(demo_data, tmp_path):
-    """Issue 30: the second of two runs on one port passed the busy-port check and died minutes later, one of its
-    ranks having joined the other run's rendezvous. Now one run trains; the other stops with a clear message."""
+    """Two runs started together on one port: one trains; the other stops with a clear message, never with a rank
+    joined to the other run's rendezvous (a busy-port check alone can pass both)."""
     port = free_port()
 
     def start(name: str) -> subprocess.Popen:
@@ -174,8 +175,8 @@ def test_two_runs_started_together_on_one_port_never_mix(demo_data, tmp_path):
 
 
 def test_a_rank_that_meets_another_runs_store_stops_on_the_launch_id(demo_data, tmp_path):
-    """Issue 42: in the case above the second run may be stopped by preflight's busy-port check, or by its rank 0
-    finding the port taken, before any rank compares launch ids. Here only the launch id can tell: run B is past
+    """In the case above the second run may be stopped by preflight's busy-port check, or by its rank 0 finding the
+    port taken, before any rank compares launch ids. Here only the launch id can tell: run B is past
     its checks while the port is free, its rank 0 starts late ($WAIT_RANK), and its rank 1 meets the store of run
     A, which took the port meanwhile. B stops, having registered nothing; A trains."""
     port = free_port()
@@ -221,11 +222,10 @@ def wait_until_it_catches(process: subprocess.Popen, number: int, timeout: float
 
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
 def test_a_stop_while_deepy_imports_and_checks_is_one_line_not_a_traceback(demo_data, name):
-    """Ctrl-C as soon as deepy.py can take it, while it imports torch and DeepSpeed (seconds): one line saying it
-    stopped as asked, exit 128+N, nothing launched, and nothing unwound (issue 46, items 7 and 15). Unwinding
-    from inside an import left numpy half-imported for preflight (a second traceback, exit 1) or crossed
-    pybind11 (`terminate called ... error_already_set`, exit 134); the atexit hook below stands for any code
-    that unwinding would run."""
+    """Ctrl-C as soon as deepy.py can take it, while it imports torch and DeepSpeed: one line saying it stopped as
+    asked, exit 128+N, nothing launched, and nothing unwound. Unwinding from inside an import can leave numpy
+    half-imported for preflight (a second traceback, exit 1) or cross pybind11 (`terminate called ...
+    error_already_set`, exit 134); the atexit hook below stands for any code that unwinding would run."""
     deepy = [str(REPO / "deepy.py"), "train.py", TINY, *data_overrides(demo_data), f"master_port={free_port()}"]
     wrapper = ("import atexit, runpy, sys\n"
                "atexit.register(lambda: print('unwound', file=sys.stderr))\n"
@@ -295,9 +295,9 @@ if os.environ["STOP_AT"] == "ended":
 
 @pytest.mark.parametrize("window", ["started", "ended"])
 def test_a_stop_just_after_the_launcher_starts_or_after_the_ranks_end_is_told_as_it_is(demo_data, tmp_path, window):
-    """Issue 46, item 7: in both windows deepy.py said "before any process started"; in the first it then exited,
-    leaving the launcher and its ranks to the ranks' orphan watch. Now a stop as the launcher starts is passed on
-    to it (here a stand-in that sleeps), and one after the ranks ended has nothing left to stop."""
+    """deepy.py tells each window as it is, not "before any process started": a stop as the launcher starts is
+    passed on to it (here a stand-in that sleeps) rather than leaving the launcher and its ranks to the ranks'
+    orphan watch, and one after the ranks ended has nothing left to stop."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(STOP_IN_A_WINDOW)

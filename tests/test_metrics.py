@@ -52,8 +52,8 @@ def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
 
 
 def test_a_resume_after_a_kill_mid_record_drops_the_cut_record_and_joins_nothing_to_it(tmp_path, capsys):
-    """Issue 46, item 11: a SIGKILL while a record was written leaves part of it; the resumed run appended its
-    first record onto that part, so that neither was JSON any more (and tools/plot_metrics.py refused the run)."""
+    """A SIGKILL while a record is written leaves part of it; the resumed run drops that part rather than append
+    its first record onto it, which would leave neither JSON (and tools/plot_metrics.py refusing the run)."""
     logs = tmp_path / "logs"
     logs.mkdir()
     whole = json.dumps(RECORDS[0]) + "\n"

@@ -61,7 +61,7 @@ def test_a_checkpoint_that_cannot_say_where_the_ramp_starts_is_refused_with_the_
         write_growth_record(tmp_path, {"format": 1, "grown_from": START, "norm_token_count": START, "iteration": -1})
 
 
-# --- ramp settings that cannot work, refused or said before launch (issue 46, item 17) -----------------------
+# --- ramp settings that cannot work, refused or said before launch ----------------------------------------
 
 
 def launch(demo_data: Path, base: Path, **values) -> tuple[list[str], list[str]]:

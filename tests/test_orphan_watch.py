@@ -1,6 +1,6 @@
 """deepy.py's identity, which its ranks watch (megatron/host/orphan_watch.py): the same process stays itself
-when the wall clock steps (issue 42, item 1), and a process that ended (a zombie too), another with its pid, or
-one this user may not read (hidepid) is not it, and the watch then stops the rank (issue 46, item 7)."""
+when the wall clock steps, and a process that ended (a zombie too), another with its pid, or one this user may
+not read (hidepid) is not it, and the watch then stops the rank."""
 
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ RANK = textwrap.dedent("""
 
 
 def test_a_rank_stops_when_deepy_has_ended_though_not_yet_reaped(tmp_path):
-    """A zombie deepy.py (ended; its parent, a shell or a job script, not waiting for it yet) was alive to the
-    watch: /proc/PID/stat is there, with its start time, until the parent reaps it."""
+    """A zombie deepy.py (ended; its parent, a shell or a job script, not waiting for it yet) is gone to the watch,
+    though /proc/PID/stat is there, with its start time, until the parent reaps it."""
     said = tmp_path / "rank.out"
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, RANK, str(said)], cwd=REPO, text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -130,8 +130,8 @@ def test_a_rank_stops_when_deepy_has_ended_though_not_yet_reaped(tmp_path):
 
 def test_a_pid_whose_process_this_user_may_not_read_ends_the_watch_by_stopping_the_rank(monkeypatch):
     """With /proc mounted hidepid=1 another user's /proc/PID/stat cannot be read (PermissionError): deepy.py,
-    which runs as its ranks' user, is gone and its pid taken. The watch thread used to die of the error without a
-    word, and the rank trained on unattached."""
+    which runs as its ranks' user, is gone and its pid taken. The watch stops the rank rather than die of the
+    error without a word and leave the rank training unattached."""
     pid, started = psutil.Process().pid, orphan_watch.start_ticks(psutil.Process().pid)
     real_read_bytes = Path.read_bytes
 

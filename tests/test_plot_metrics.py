@@ -1,4 +1,4 @@
-"""tools/plot_metrics.py draws runs' metrics.jsonl into one PNG (issue 30, item 22)."""
+"""tools/plot_metrics.py draws runs' metrics.jsonl into one PNG."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_a_missing_or_damaged_log_is_one_line(tmp_path, capsys):
 
 
 def test_a_log_ending_in_a_record_cut_short_is_drawn_without_it(tmp_path, capsys):
-    """Issue 46, item 11: what a SIGKILL leaves (part of the last record, no newline) made the whole run refused."""
+    """What a SIGKILL leaves (part of the last record, no newline) is left out, not a reason to refuse the run."""
     write_run(tmp_path / "a" / "logs", 1.0)
     with open(tmp_path / "a" / "logs" / "metrics.jsonl", "a") as log:
         log.write('{"iteration": 41, "split": "tra')

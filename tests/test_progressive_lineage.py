@@ -173,7 +173,7 @@ def test_a_chain_training_job_checks_the_lineage_before_it_trains(demo_data, tmp
     assert not (tmp_path / "work" / "s1" / "checkpoints").exists()
 
 
-# --- a lineage that cannot be skipped (issue 42, item 3): checkpoints written here, nothing trained ---
+# --- a lineage that cannot be skipped: checkpoints written here, nothing trained ---
 
 def committed(checkpoints: Path, step: int, weights: bytes, source_sha256: str | None = None) -> Path:
     """A committed checkpoint of `weights` (with its manifest) as the newest of `checkpoints`; `source_sha256`: the
@@ -234,8 +234,9 @@ def test_a_dry_run_with_redo_changed_lists_the_stages_it_would_redo_and_their_st
 
 
 def test_a_changed_default_is_named_as_one_with_the_setting_that_keeps_it(demo_data, tmp_path):
-    """A stage started under another version's default (growth_mode preserve before it was official) and resumed
-    with no growth_mode in the plan: the refusal says the default changed and how to keep the recorded value."""
+    """A stage whose lineage records a default other than today's (growth_mode preserve; the default is official),
+    resumed with no growth_mode in the plan: the refusal says the default changed and how to keep the recorded
+    value."""
     plan = grown_plan(demo_data, tmp_path)
     untouched = tmp_path / "tiny_without_growth_mode.yml"
     untouched.write_text("".join(line for line in TINY.read_text().splitlines(keepends=True)
@@ -253,7 +254,7 @@ def test_a_changed_default_is_named_as_one_with_the_setting_that_keeps_it(demo_d
 
 def test_a_started_stage_without_a_lineage_is_refused_until_adopted(demo_data, tmp_path):
     plan = grown_plan(demo_data, tmp_path)
-    (tmp_path / "work" / "s1" / "lineage.json").unlink()  # started by an older driver, or the file deleted
+    (tmp_path / "work" / "s1" / "lineage.json").unlink()  # a driver that wrote none, or the file deleted
     with pytest.raises(PlanError) as refused:
         prepare_stages(plan, resolve_plan(plan))
     assert (

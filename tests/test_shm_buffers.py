@@ -30,7 +30,7 @@ def test_removal_touches_this_users_buffers_of_that_port_only(tmp_path, monkeypa
 
 
 def test_a_buffer_a_live_process_maps_is_kept(tmp_path, monkeypatch):
-    """Issue 30: deepy.py removed the buffers of another, still running, run on the same port."""
+    """deepy.py keeps the buffers of another, still running, run on the same port."""
     import mmap
 
     monkeypatch.setattr(shm_buffers, "SHM_DIRECTORY", tmp_path)

@@ -1,5 +1,5 @@
-"""The command-line tools end on bad input and on Ctrl-C with one line, not a traceback or a raw `[Errno N]`
-(issue 46, item 21): megatron/cli.py's decorator, OSError wording and stop during imports, shared by the tools;
+"""The command-line tools end on bad input and on Ctrl-C with one line, not a traceback or a raw `[Errno N]`:
+megatron/cli.py's decorator, OSError wording and stop during imports, shared by the tools;
 output directories under a file refused before any work (checkpoint/output_directory.py)."""
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def test_preprocess_with_its_output_prefix_under_a_file_says_so(tmp_path, a_file
 
 
 def test_grow_with_save_under_a_file_is_refused_before_reading_the_source(run, tmp_path, a_file, capsys):  # noqa: F811
-    """Found only when the grown checkpoint was written, as `[Errno 20] Not a directory`."""
+    """Refused before any work, naming the file, not found only when the grown checkpoint is written, as
+    `[Errno 20] Not a directory`."""
     layout = tmp_path / "layout.yml"  # the synthetic checkpoint's (tests/test_launch_preflight.py)
     layout.write_text("tokenizer_type: CharLevelTokenizer\nbf16: {enabled: true}\npipe_parallel_size: 1\n"
                       "zero_optimization: {stage: 1}\n")
@@ -91,7 +92,7 @@ def test_framework_step_names_an_unknown_set_key_before_building_anything(capsys
 
 
 def test_ctrl_c_while_grow_checkpoint_imports_is_one_line(tmp_path):
-    """Issue 46, item 21: KeyboardInterrupt's traceback from inside torch's import."""
+    """One line, not KeyboardInterrupt's traceback from inside torch's import."""
     tool = subprocess.Popen([sys.executable, "tools/grow_checkpoint.py", "--load", str(tmp_path), "--save",
                              str(tmp_path / "grown"), "--config", TINY], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -106,7 +107,7 @@ def test_ctrl_c_while_grow_checkpoint_imports_is_one_line(tmp_path):
 
 
 def test_the_pattention_benchmark_refuses_no_tokens(monkeypatch, capsys):
-    """Issue 46, item 22: --tokens 0 ran, and ignored the value."""
+    """--tokens 0 is refused in argparse's line, not run with the value ignored."""
     from benchmarks import pattention
 
     monkeypatch.setattr(sys, "argv", ["pattention.py", "--tokens", "0"])
