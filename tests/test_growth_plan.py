@@ -291,7 +291,7 @@ def test_official_growth_refuses_zero_new_values_and_unknown_modes():
         config("growth_mode=fast")
 
 
-def test_the_default_growth_is_the_one_that_trained_best(tmp_path):
+def test_a_config_without_growth_mode_grows_by_official(tmp_path):
     """A config without growth_mode grows by official, the default (docs/growth.md says why): the tool,
     pretrain_partial_init and the progressive driver all read it from the config."""
     untouched = tmp_path / "tiny_without_growth_mode.yml"
