@@ -179,11 +179,16 @@ TILES_SWEEP = ((64, 64, 64, 128, 8), (128, 64, 64, 128, 8), (64, 64, 64, 256, 8)
 
 
 def tiles_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
-    """flash's kernels (l2_norm_gelu) at the largest config's shapes with each tile configuration of TILES_SWEEP:
-    time over the six GEMMs' and peak memory (MiB), alternating as the kernel rows do. "default" marks
-    flash_triton.TILES' own."""
+    """flash's kernels (l2_norm_gelu) at the largest config's shapes with each tile configuration of TILES_SWEEP,
+    and flash's blocks with the Triton tiles on the same Θ ("blocks", what the kernels replaced): time over the
+    six GEMMs' and peak memory (MiB), alternating as the kernel rows do. "default" marks flash_triton.TILES'
+    own."""
     from benchmarks.pattention import forward_backward, gemms_only
-    from megatron.model.pattention import flash_triton
+    from megatron.model.pattention import flash_triton, tiles_triton
+    from megatron.model.pattention.flash import flash_pattentions
+
+    def blocks(x, keys, values, norm_type):
+        return flash_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys], tiles=tiles_triton)
 
     default = flash_triton.TILES["default"]
 
@@ -204,12 +209,13 @@ def tiles_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
         for sizes in TILES_SWEEP:
             steps[sizes] = with_tiles(sizes, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
             steps[sizes]()  # compiled before it is timed
+        steps["blocks"] = forward_backward(blocks, x, keys, values, "l2_norm_gelu", grad_out)
         times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
-        for sizes in TILES_SWEEP:
+        for sizes in (*TILES_SWEEP, "blocks"):
             for t in (x, *keys, *values):
                 t.grad = None
-            results.append({"name": shape[0], "tiles": "x".join(map(str, sizes[:4])), "warps": sizes[4],
-                            "over_gemms": times[sizes] / times["gemms"],
+            results.append({"name": shape[0], "tiles": sizes if sizes == "blocks" else "x".join(map(str, sizes[:4])),
+                            "warps": 0 if sizes == "blocks" else sizes[4], "over_gemms": times[sizes] / times["gemms"],
                             "peak_mib": peak_step_bytes(steps[sizes]) / 2**20,
                             "default": sizes == (default.m, default.n, default.k, default.d, default.warps)})
         torch.cuda.empty_cache()
@@ -370,10 +376,11 @@ def main() -> None:
               f"fused {r['fused']['triton']} + {r['fused']['torch']}")
     tiles = tiles_sweep(options.tokens, dtype, options.repeats) if options.tiles_sweep else None
     if tiles:
-        print(f"\nflash's kernels by tiles (rows x tokens x step x output width; l2_norm_gelu; * = TILES'):")
+        print("\nflash's kernels by tiles (rows x tokens x step x output width; l2_norm_gelu; * = TILES'; blocks: "
+              "flash's blocks of rows, Triton tiles):")
         print(f"{'layer':<14} {'tiles':>16} {'warps':>5} {'flash/G':>8} {'peak MiB':>9}")
         for r in tiles:
-            print(f"{r['name']:<14} {r['tiles']:>15}{'*' if r['default'] else ' '} {r['warps']:>5} "
+            print(f"{r['name']:<14} {r['tiles']:>15}{'*' if r['default'] else ' '} {r['warps'] or '-':>5} "
                   f"{r['over_gemms']:>8.2f} {r['peak_mib']:>9.0f}")
     sweep = blocks_sweep(options.tokens, dtype, options.repeats) if options.blocks_sweep else None
     if sweep:

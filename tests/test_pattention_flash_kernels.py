@@ -126,9 +126,9 @@ def test_a_grown_layer_with_frozen_old_tokens_keeps_every_bit_and_trains_its_new
 @pytest.mark.parametrize("theta", FLASH_KERNEL_THETAS)
 def test_kept_and_peak_memory_do_not_grow_with_n(theta):
     """Saved-tensor hooks: besides τX (here τ = 1: X itself) and the parameters, a call keeps what the memory
-    model says (megatron/model/memory.py: two fp32 row statistics a row) and Θ's n (fp32), at n and about 4n alike. The storages created during forward + backward
-    (the weight gradients left out): the same peak at both, at the larger at least one fp32 [rows × n] score
-    matrix below the fused node's."""
+    model says (megatron/model/memory.py: two fp32 row statistics a row) and Θ's n (fp32), at n and about 4n
+    alike. The storages created during forward + backward (the weight gradients left out): the same peak at
+    both, at the larger at least one fp32 [rows × n] score matrix below the fused node's."""
     kept, peaks = [], []
     for n in (N // 4, N):
         x, keys, values = inputs(n=n, count=1)

@@ -59,6 +59,10 @@ class Tiles:
     warps: int = 4
     stages: int = 2
 
+    def launch(self) -> dict:
+        """The launch arguments every kernel takes (the output width D aside)."""
+        return {"BM": self.m, "BN": self.n, "BK": self.k, "num_warps": self.warps, "num_stages": self.stages}
+
 
 # By device type. On a GPU the accumulators [M, D] (forward, dX) and two [N, D] (dK, dV) live in registers; D
 # sets the recomputation (above). The interpreter runs every program's every operation in Python, at about the
@@ -255,31 +259,28 @@ def _settings(x: Tensor, theta: str) -> dict:
 
 class _FlashKernels(torch.autograd.Function):
     """x [tokens, d_in], B keys [n, d_in], B values [n, d_out], token counts n [B] -> Y [B, tokens, d_out];
-    the contract of fused.py's _FusedPattention, for the l2 Θ."""
+    the contract of fused.py's _FusedPattention, for the l2 Θ. Backward computes only the gradients asked for
+    (frozen tokens get none)."""
 
     @staticmethod
     def forward(ctx, x, theta, tau, n, reduce_sum, *tokens):
-        keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
         if tau != 1.0:
             x = x * tau
-        x = x.contiguous()
-        keys, values = [k.contiguous() for k in keys], [v.contiguous() for v in values]
-        acc_dtype = torch.promote_types(x.dtype, torch.float32)
-        n = n.to(acc_dtype)
+        x, *tokens = (t.contiguous() for t in (x, *tokens))
+        keys, values = tokens[:len(tokens) // 2], tokens[len(tokens) // 2:]
+        n = n.to(torch.promote_types(x.dtype, torch.float32))
         tiles, settings = tiles_for(x.device), _settings(x, theta)
         (m, d_in), d_out = x.shape, values[0].shape[1]
-        sizes = {"BM": tiles.m, "BN": tiles.n, "BK": tiles.k, "num_warps": tiles.warps, "num_stages": tiles.stages}
-        statistics = x.new_empty(len(keys), m, dtype=acc_dtype)
+        statistics = x.new_empty(len(keys), m, dtype=n.dtype)
         for key, s in zip(keys, statistics):
-            _statistics_kernel[(triton.cdiv(m, tiles.m),)](x, key, s, m, len(key), d_in, **settings, **sizes)
+            _statistics_kernel[(triton.cdiv(m, tiles.m),)](x, key, s, m, len(key), d_in, **settings, **tiles.launch())
         statistics = reduce_sum(statistics)
-        rows = torch.empty_like(statistics)
-        out = x.new_empty(len(keys), m, d_out)
+        rows, out = torch.empty_like(statistics), x.new_empty(len(keys), m, d_out)
         grid = (triton.cdiv(m, tiles.m), triton.cdiv(d_out, tiles.d))
         for b, (key, value) in enumerate(zip(keys, values)):
             _output_kernel[grid](x, key, value, statistics[b], n[b:], rows[b], out[b], m, len(key), d_in, d_out,
-                                 **settings, **sizes, BD=tiles.d)
-        ctx.save_for_backward(x, statistics, rows, n, *keys, *values)
+                                 **settings, **tiles.launch(), BD=tiles.d)
+        ctx.save_for_backward(x, statistics, rows, n, *tokens)
         ctx.theta, ctx.tau, ctx.reduce_sum = theta, tau, reduce_sum
         return out
 
@@ -290,28 +291,30 @@ class _FlashKernels(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         tiles, settings = tiles_for(x.device), _settings(x, ctx.theta)
         (m, d_in), d_out = x.shape, values[0].shape[1]
-        sizes = {"BM": tiles.m, "BN": tiles.n, "BK": tiles.k, "num_warps": tiles.warps, "num_stages": tiles.stages}
         c = torch.empty_like(statistics)
         for b, (key, value) in enumerate(zip(keys, values)):
             _row_dot_kernel[(triton.cdiv(m, tiles.m),)](x, key, value, grad_out[b], rows[b], c[b], m, len(key), d_in,
-                                                        d_out, **settings, **sizes)
+                                                        d_out, **settings, **tiles.launch())
         c = ctx.reduce_sum(c)
-        grad_x = torch.empty_like(x)
-        # dX of several Pattentions is summed in at least fp32, the last one's kernel writing x's dtype
-        partial = grad_x if len(keys) == 1 or x.dtype == statistics.dtype else x.new_empty(m, d_in,
-                                                                                           dtype=statistics.dtype)
-        grid = (triton.cdiv(m, tiles.m), triton.cdiv(d_in, tiles.d))
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.empty_like(x)
+            # dX of several Pattentions is summed in at least fp32, the last one's kernel writing x's dtype
+            partial = grad_x if len(keys) == 1 or x.dtype == c.dtype else x.new_empty(m, d_in, dtype=c.dtype)
+            grid = (triton.cdiv(m, tiles.m), triton.cdiv(d_in, tiles.d))
+            for b, (key, value) in enumerate(zip(keys, values)):
+                _input_gradient_kernel[grid](x, key, value, grad_out[b], statistics[b], rows[b], c[b], n[b:], partial,
+                                             grad_x if b == len(keys) - 1 else partial, ctx.tau, m, len(key), d_in,
+                                             d_out, **settings, ACCUMULATE=b > 0, **tiles.launch(), BD=tiles.d)
+        grad_tokens = [None] * len(tokens)
         for b, (key, value) in enumerate(zip(keys, values)):
-            _input_gradient_kernel[grid](x, key, value, grad_out[b], statistics[b], rows[b], c[b], n[b:], partial,
-                                         grad_x if b == len(keys) - 1 else partial, ctx.tau, m, len(key), d_in, d_out,
-                                         **settings, ACCUMULATE=b > 0, **sizes, BD=tiles.d)
-        grad_keys, grad_values = [torch.empty_like(k) for k in keys], [torch.empty_like(v) for v in values]
-        for b, (key, value) in enumerate(zip(keys, values)):
-            grid = (triton.cdiv(len(key), tiles.n), triton.cdiv(max(d_in, d_out), tiles.d))
-            _token_gradient_kernel[grid](x, key, value, grad_out[b], statistics[b], rows[b], c[b], n[b:],
-                                         grad_keys[b], grad_values[b], m, len(key), d_in, d_out, **settings, **sizes,
-                                         BD=tiles.d)
-        return (grad_x, None, None, None, None, *grad_keys, *grad_values)
+            if ctx.needs_input_grad[5 + b] or ctx.needs_input_grad[5 + len(keys) + b]:
+                grad_tokens[b], grad_tokens[len(keys) + b] = torch.empty_like(key), torch.empty_like(value)
+                grid = (triton.cdiv(len(key), tiles.n), triton.cdiv(max(d_in, d_out), tiles.d))
+                _token_gradient_kernel[grid](x, key, value, grad_out[b], statistics[b], rows[b], c[b], n[b:],
+                                             grad_tokens[b], grad_tokens[len(keys) + b], m, len(key), d_in, d_out,
+                                             **settings, **tiles.launch(), BD=tiles.d)
+        return grad_x, None, None, None, None, *grad_tokens
 
 
 def flash_kernel_pattentions(
