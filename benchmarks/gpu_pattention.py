@@ -175,7 +175,7 @@ def launch_counts(tokens: int, dtype: torch.dtype) -> list[dict]:
 
 # Tile configurations of flash's Triton kernels timed at the largest config's shapes (rows and parameter tokens of
 # a score tile, its reduction step, an output tile's width, warps): the data that sets flash_triton.TILES on a GPU.
-TILES_SWEEP = ((64, 64, 64, 128, 8), (128, 64, 64, 128, 8), (64, 64, 64, 256, 8), (128, 64, 64, 256, 8))
+TILES_SWEEP = ((64, 64, 64, 128, 8), (64, 64, 32, 128, 8), (64, 32, 32, 256, 8), (64, 64, 32, 256, 8))
 
 
 def tiles_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:

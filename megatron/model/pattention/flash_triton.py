@@ -65,9 +65,11 @@ class Tiles:
 
 
 # By device type. On a GPU the accumulators [M, D] (forward, dX) and two [N, D] (dK, dV) live in registers; D
-# sets the recomputation (above). The interpreter runs every program's every operation in Python, at about the
-# same cost whatever the tile's size: large tiles make few of them.
-TILES = {"cpu": Tiles(64, 64, 64, 64), "default": Tiles(64, 64, 64, 128, warps=8, stages=2)}
+# sets the recomputation (above): the widest D whose five kernels compile for sm_90 without spilling
+# (benchmarks/flash_kernels_compile.py; a narrower reduction step K leaves the registers to the accumulators).
+# The interpreter runs every program's every operation in Python, at about the same cost whatever the tile's
+# size: large tiles make few of them.
+TILES = {"cpu": Tiles(64, 64, 64, 64), "default": Tiles(64, 32, 32, 256, warps=8, stages=2)}
 
 
 def tiles_for(device: torch.device) -> Tiles:
@@ -97,14 +99,18 @@ def _product(a_ptr, b_ptr, rows, cols, R, C, W, BK: tl.constexpr, ACC: tl.conste
     """A[rows]·B[cols]ᵀ for row-major A [R, W] and B [C, W], accumulated in ACC and rounded to their dtype, as
     torch.mm's result is (masked rows and columns give 0)."""
     result = tl.zeros((rows.shape[0], cols.shape[0]), ACC)
+    a_rows, a_mask = a_ptr + rows[:, None] * W, rows[:, None] < R
+    b_cols, b_mask = b_ptr + cols[None, :] * W, cols[None, :] < C
     for start in range(0, W, BK):
         ks = start + tl.arange(0, BK)
-        a = tl.load(a_ptr + rows[:, None] * W + ks[None, :], mask=(rows[:, None] < R) & (ks[None, :] < W), other=0.0)
-        b = tl.load(b_ptr + cols[None, :] * W + ks[:, None], mask=(cols[None, :] < C) & (ks[:, None] < W), other=0.0)
+        a = tl.load(a_rows + ks[None, :], mask=a_mask & (ks[None, :] < W), other=0.0)
+        b = tl.load(b_cols + ks[:, None], mask=b_mask & (ks[:, None] < W), other=0.0)
         if _INTERPRETED:  # _dot's cast, here inline: the interpreter's every jit call costs more than a dot
             a, b = a.to(ACC), b.to(ACC)
         result = tl.dot(a, b, result, input_precision=PRECISION, out_dtype=ACC)
-    return _rounded(result, a_ptr.dtype.element_ty).to(ACC)
+    if a_ptr.dtype.element_ty != ACC:  # fp32 and fp64 need no rounding (nor, interpreted, the call)
+        result = _rounded(result, a_ptr.dtype.element_ty).to(ACC)
+    return result
 
 
 @triton.jit
