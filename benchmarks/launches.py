@@ -2,8 +2,9 @@
 its interpreter): what the host must issue per call, the cost that grows when a Python loop runs over blocks.
 
     triton  launches of Triton kernels (every `kernel[grid](...)`, compiled or interpreted)
-    torch   aten operators that launch a device kernel: all those dispatched, except the ones that only make a
-            view of an input or an uninitialised allocation (NO_KERNEL), which launch nothing on a GPU
+    torch   aten operators that launch a device kernel: all those dispatched that return a tensor, except the
+            ones that only make a view of an input or an uninitialised allocation (NO_KERNEL), which launch
+            nothing on a GPU (nor do those that return no tensor, such as promote_types)
 
 Operators the interpreter itself runs to stage a kernel's arguments are not counted: a GPU runs none of them.
 tests/test_pattention_flash_kernels.py counts flash's and fused's with it; benchmarks/gpu_pattention.py prints them.
@@ -34,10 +35,13 @@ class Launches:
         return self.triton + self.torch
 
 
-def _is_view(func) -> bool:
-    """Whether aten operator `func` returns an alias of an input without writing it (view, t, split, ...)."""
-    returns = func._schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+def _launches_kernel(func) -> bool:
+    """Whether aten operator `func` makes or writes a tensor's elements: it returns a tensor that is not an alias
+    of an input left unwritten (view, t, split, ...), and it is not an uninitialised allocation."""
+    if func in NO_KERNEL:
+        return False
+    tensors = [r for r in func._schema.returns if "Tensor" in str(r.type)]
+    return any(r.alias_info is None or r.alias_info.is_write for r in tensors)
 
 
 class _Counter(TorchDispatchMode):
@@ -47,7 +51,7 @@ class _Counter(TorchDispatchMode):
         self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.paused and func not in NO_KERNEL and not _is_view(func):
+        if not self.paused and _launches_kernel(func):
             self.launches.torch += 1
         return func(*args, **(kwargs or {}))
 
