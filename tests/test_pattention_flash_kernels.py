@@ -151,11 +151,14 @@ def launches(compute, tokens: int, count: int = 1):
     """Kernels of one forward + backward of `count` Pattentions of one input (τ ≠ 1), the token counts given as
     the layer's buffers are. fp32: bf16 launches the same kernels, and the interpreter emulates bf16 slowly."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(tokens, 16, generator=g, device=DEVICE).requires_grad_()
-    keys, values = ([torch.randn(16, 16, generator=g, device=DEVICE).requires_grad_() for _ in range(count)]
-                    for _ in "kv")
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(DEVICE)
+
+    x = randn(tokens, 16).requires_grad_()
+    keys, values = ([randn(16, 16).requires_grad_() for _ in range(count)] for _ in "kv")
     counts = [torch.tensor(n, device=DEVICE) for n in (16, 30, 20)[:count]]
-    upstream = torch.randn(count, tokens, 16, generator=g, device=DEVICE)
+    upstream = randn(count, tokens, 16)
     return device_launches(lambda: compute(x, keys, values, "l2_norm_gelu", TAU, counts).backward(upstream))
 
 
