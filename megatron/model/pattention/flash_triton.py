@@ -37,14 +37,23 @@ import triton  # isort: skip
 import triton.language as tl  # isort: skip
 from triton.runtime.interpreter import InterpretedFunction  # isort: skip
 
-_cdf, _gelu_grad = tiles_triton._cdf, tiles_triton._gelu_grad
-
 _L2_NORM_GELU, _GELU_L2_NORM = tl.constexpr(0), tl.constexpr(1)
 _GUARD = tl.constexpr(ZERO_ROW_GUARD)
 # Triton's interpreter multiplies bf16 operands of tl.dot as their raw 16-bit patterns, and casts fp32 to bf16 by
 # truncation: there the operands are upcast first (a GPU's bf16 dot sums exact products in fp32), and values are
 # rounded to the nearest even bf16 before the cast, as a GPU's cast rounds.
-_INTERPRETED = tl.constexpr(isinstance(tl.zeros, InterpretedFunction))
+INTERPRETED = isinstance(tl.zeros, InterpretedFunction)
+_INTERPRETED = tl.constexpr(INTERPRETED)
+
+
+def _helper(fn):
+    """A function the kernels call: a Triton function; under the interpreter the plain Python one, which runs
+    in the kernel's already patched triton.language (an interpreted Triton function patches it again on every
+    call, at more cost than most helpers' work)."""
+    return fn if INTERPRETED else triton.jit(fn)
+
+
+_cdf, _gelu_grad = (f.fn if INTERPRETED else f for f in (tiles_triton._cdf, tiles_triton._gelu_grad))
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ def tiles_for(device: torch.device) -> Tiles:
     return TILES.get(device.type, TILES["default"])
 
 
-@triton.jit
+@_helper
 def _rounded(x, dtype: tl.constexpr):
     """x in `dtype`, rounded to nearest even."""
     if _INTERPRETED and dtype == tl.bfloat16:
@@ -86,7 +95,7 @@ def _rounded(x, dtype: tl.constexpr):
     return x.to(dtype)
 
 
-@triton.jit
+@_helper
 def _dot(a, b, acc, ACC: tl.constexpr, PRECISION: tl.constexpr):
     """acc + a·b in ACC."""
     if _INTERPRETED:
@@ -94,7 +103,7 @@ def _dot(a, b, acc, ACC: tl.constexpr, PRECISION: tl.constexpr):
     return tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
 
 
-@triton.jit
+@_helper
 def _product(a_ptr, b_ptr, rows, cols, R, C, W, BK: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
     """A[rows]·B[cols]ᵀ for row-major A [R, W] and B [C, W], accumulated in ACC and rounded to their dtype, as
     torch.mm's result is (masked rows and columns give 0)."""
@@ -113,7 +122,7 @@ def _product(a_ptr, b_ptr, rows, cols, R, C, W, BK: tl.constexpr, ACC: tl.conste
     return result
 
 
-@triton.jit
+@_helper
 def _coefficient(s, c, count, THETA: tl.constexpr):
     """The backward's row coefficient from s and the reduced c (0 where s is below the guard): c/N for
     l2_norm_gelu, c/s for gelu_l2_norm (fused.py)."""
@@ -125,7 +134,7 @@ def _coefficient(s, c, count, THETA: tl.constexpr):
     return coefficient
 
 
-@triton.jit
+@_helper
 def _gradient(a, grad_w, row, coefficient, THETA: tl.constexpr):
     """(W', dA) of a score tile a and its dW (tiles_torch.py's l2_norm_gelu_gradient, gelu_l2_norm_backward):
     W' the weights with their row factor, dV = W'ᵀ·dY."""
