@@ -46,8 +46,8 @@ def kernel_resources(module, name: str, theta: str, dtype: torch.dtype, tiles, a
 
     kernel = getattr(module, name)
     accumulate = tl.float64 if dtype == torch.float64 else tl.float32
-    constants = {"THETA": module.THETAS.index(theta), "BM": tiles.m, "BN": tiles.n, "BK": tiles.k, "BD": tiles.d, "ACC": accumulate,
-                 "PRECISION": "tf32" if dtype == torch.float32 else "ieee", "ACCUMULATE": True}
+    constants = {"THETA": module.THETAS.index(theta), "BM": tiles.m, "BN": tiles.n, "BK": tiles.k, "BD": tiles.d,
+                 "ACC": accumulate, "PRECISION": "tf32" if dtype == torch.float32 else "ieee", "ACCUMULATE": True}
     signature, constexprs = {}, {}
     for arg in kernel.arg_names:
         if arg in constants:
