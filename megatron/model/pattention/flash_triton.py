@@ -74,7 +74,7 @@ class Tiles:
 
 
 # By device type. On a GPU the accumulators [M, D] (forward, dX) and two [N, D] (dK, dV) live in registers; D
-# sets the recomputation (above): the widest D whose five kernels compile for sm_90 without spilling
+# sets the recomputation (above): the widest D whose five kernels compile for sm_90 in bf16 without spilling
 # (benchmarks/flash_kernels_compile.py; a narrower reduction step K leaves the registers to the accumulators).
 # The interpreter runs every program's every operation in Python, at about the same cost whatever the tile's
 # size: large tiles make few of them.
