@@ -2,8 +2,8 @@
 training steps of the paper configs at reduced depth, flash vs fused.
 
     .venv/bin/python -m benchmarks.gpu_pattention [--tokens 16384] [--dtype bf16|fp32] [--repeats 10]
-        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--blocks-sweep] [--peak-tflops T]
-        [--json FILE]
+        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--blocks-sweep] [--tiles-sweep]
+        [--peak-tflops T] [--json FILE]
 
 Needs a CUDA device and Triton. Without them it prints one line saying so (stderr) and exits with status 2:
 nothing was measured, which is neither a result (0) nor a failure of the code (1), so a script running it on
@@ -25,8 +25,12 @@ backward and the optimizer step, flash and fused alternating. MFU = tokens/s × 
 --peak-tflops (e.g. the data sheet's dense bf16 figure). The allocator is set up as a training rank's
 (megatron/runtime/entry.py: expandable segments).
 
---blocks-sweep times flash (l2_norm_gelu) at the 1-5B shapes cutting the --tokens input rows into each number of
-blocks of BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
+Flash runs the l2 Θ in its Triton kernels (megatron/model/pattention/flash_triton.py) and softmax in blocks of
+rows (flash.py). "launches" gives the kernels one forward + backward of each launches at the 1-5B FFN shape
+(benchmarks/launches.py). --tiles-sweep times the kernels (l2_norm_gelu) at the 1-5B shapes with each tile
+configuration of TILES_SWEEP, with their peak memory: the figures that set flash_triton.TILES on a GPU.
+--blocks-sweep times the blocks (softmax) cutting the --tokens input rows into each number of blocks of
+BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
 --profile prints torch.profiler's kernel table of one flash and one fused forward + backward (l2_norm_gelu, the
 1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
 measures training through deepy.py instead); --json also writes every row to FILE.
@@ -153,15 +157,82 @@ def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
     return rows
 
 
+def launch_counts(tokens: int, dtype: torch.dtype) -> list[dict]:
+    """Kernels one forward + backward launches at the 1-5B FFN shape, flash and fused, for each l2 Θ."""
+    from benchmarks.launches import device_launches
+    from benchmarks.pattention import forward_backward
+
+    x, keys, values, grad_out = shape_tensors(LARGEST_CONFIG_SHAPES[-1], tokens, dtype)
+    rows = []
+    for norm_type in ("l2_norm_gelu", "gelu_l2_norm"):
+        row = {"norm": norm_type}
+        for name, function in (("flash", flash), ("fused", fused)):
+            step = forward_backward(function, x, keys, values, norm_type, grad_out)
+            step()  # compiled before it is counted
+            row[name] = dataclasses.asdict(device_launches(step))
+        rows.append(row)
+    return rows
+
+
+# Tile configurations of flash's Triton kernels timed at the largest config's shapes (rows and parameter tokens of
+# a score tile, its reduction step, an output tile's width, warps): the data that sets flash_triton.TILES on a GPU.
+TILES_SWEEP = ((64, 64, 64, 128, 8), (64, 64, 32, 128, 8), (64, 32, 32, 256, 8), (64, 64, 32, 256, 8))
+
+
+def tiles_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
+    """flash's kernels (l2_norm_gelu) at the largest config's shapes with each tile configuration of TILES_SWEEP,
+    and flash's blocks with the Triton tiles on the same Θ ("blocks", what the kernels replaced): time over the
+    six GEMMs' and peak memory (MiB), alternating as the kernel rows do. "default" marks flash_triton.TILES'
+    own."""
+    from benchmarks.pattention import forward_backward, gemms_only
+    from megatron.model.pattention import flash_triton, tiles_triton
+    from megatron.model.pattention.flash import flash_pattentions
+
+    def blocks(x, keys, values, norm_type):
+        return flash_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys], tiles=tiles_triton)
+
+    default = flash_triton.TILES["default"]
+
+    def with_tiles(sizes: tuple, step: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            m, n, k, d, warps = sizes
+            flash_triton.TILES["default"] = flash_triton.Tiles(m, n, k, d, warps=warps)
+            try:
+                step()
+            finally:
+                flash_triton.TILES["default"] = default
+        return run
+
+    results = []
+    for shape in LARGEST_CONFIG_SHAPES:
+        x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
+        steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out)}
+        for sizes in TILES_SWEEP:
+            steps[sizes] = with_tiles(sizes, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
+            steps[sizes]()  # compiled before it is timed
+        steps["blocks"] = forward_backward(blocks, x, keys, values, "l2_norm_gelu", grad_out)
+        times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
+        for sizes in (*TILES_SWEEP, "blocks"):
+            for t in (x, *keys, *values):
+                t.grad = None
+            results.append({"name": shape[0], "tiles": sizes if sizes == "blocks" else "x".join(map(str, sizes[:4])),
+                            "warps": 0 if sizes == "blocks" else sizes[4], "over_gemms": times[sizes] / times["gemms"],
+                            "peak_mib": peak_step_bytes(steps[sizes]) / 2**20,
+                            "default": sizes == (default.m, default.n, default.k, default.d, default.warps)})
+        torch.cuda.empty_cache()
+    return results
+
+
 # Numbers of row blocks flash is timed with at the largest config's shapes: the data that sets flash.BLOCKS (and
 # flash.MIN_ROWS) on a GPU; at 16,384 tokens 8192 to 1024 rows a block.
 BLOCKS_SWEEP = (2, 4, 8, 16)
 
 
 def blocks_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
-    """flash (l2_norm_gelu) at the largest config's shapes with its input rows cut into each of BLOCKS_SWEEP
-    blocks (MIN_ROWS set aside): its time over the six GEMMs' and its peak memory (MiB), alternating as the
-    kernel rows do. "default" marks the blocks flash cuts at these tokens by its own BLOCKS and MIN_ROWS."""
+    """flash's blocks (softmax, the Θ they run on a GPU) at the largest config's shapes with its input rows cut
+    into each of BLOCKS_SWEEP blocks (MIN_ROWS set aside): its time over the six GEMMs' and its peak memory (MiB),
+    alternating as the kernel rows do. "default" marks the blocks flash cuts at these tokens by its own BLOCKS
+    and MIN_ROWS."""
     from benchmarks.pattention import forward_backward, gemms_only
     from megatron.model.pattention import flash as flash_module
 
@@ -185,7 +256,7 @@ def blocks_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
         x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
         steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out)}
         for blocks in BLOCKS_SWEEP:
-            steps[blocks] = with_blocks(blocks, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
+            steps[blocks] = with_blocks(blocks, forward_backward(flash, x, keys, values, "softmax", grad_out))
         times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
         for blocks in BLOCKS_SWEEP:
             for t in (x, *keys, *values):
@@ -280,7 +351,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also print the GPU kernels of flash and fused at the 1-5B FFN shape (torch.profiler)")
     parser.add_argument("--blocks-sweep", action="store_true",
-                        help=f"also time flash with its input rows in {', '.join(map(str, BLOCKS_SWEEP))} blocks")
+                        help=f"also time flash's blocks (softmax) with the input rows in "
+                             f"{', '.join(map(str, BLOCKS_SWEEP))} blocks")
+    parser.add_argument("--tiles-sweep", action="store_true",
+                        help="also time flash's Triton kernels with each tile configuration of TILES_SWEEP")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     options = parser.parse_args()
     reason = unavailable_reason()
@@ -308,9 +382,22 @@ def main() -> None:
     fused_over_gemms = sum(r["fused"] for r in rows) / sum(r["gemms"] for r in rows)
     flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
     worst = max(r["flash"] / r["gemms"] for r in rows)
+    launches = launch_counts(options.tokens, dtype)
+    print(f"\nlaunches of one forward + backward at {LARGEST_CONFIG_SHAPES[-1][0]} (Triton + torch kernels):")
+    for r in launches:
+        print(f"{r['norm']:<13} flash {r['flash']['triton']} + {r['flash']['torch']}, "
+              f"fused {r['fused']['triton']} + {r['fused']['torch']}")
+    tiles = tiles_sweep(options.tokens, dtype, options.repeats) if options.tiles_sweep else None
+    if tiles:
+        print("\nflash's kernels by tiles (rows x tokens x step x output width; l2_norm_gelu; * = TILES'; blocks: "
+              "flash's blocks of rows, Triton tiles):")
+        print(f"{'layer':<14} {'tiles':>16} {'warps':>5} {'flash/G':>8} {'peak MiB':>9}")
+        for r in tiles:
+            print(f"{r['name']:<14} {r['tiles']:>15}{'*' if r['default'] else ' '} {r['warps'] or '-':>5} "
+                  f"{r['over_gemms']:>8.2f} {r['peak_mib']:>9.0f}")
     sweep = blocks_sweep(options.tokens, dtype, options.repeats) if options.blocks_sweep else None
     if sweep:
-        print(f"\nflash by blocks of the {options.tokens} input rows (BLOCKS; l2_norm_gelu; * = flash's own):")
+        print(f"\nflash by blocks of the {options.tokens} input rows (BLOCKS; softmax; * = flash's own):")
         print(f"{'layer':<14} {'blocks':>7} {'rows':>6} {'flash/G':>8} {'peak MiB':>9}")
         for r in sweep:
             print(f"{r['name']:<14} {r['blocks']:>6}{'*' if r['default'] else ' '} {r['rows']:>6} "
@@ -323,7 +410,8 @@ def main() -> None:
         with open(options.json, "w", encoding="utf-8") as stream:
             json.dump({"tokens": options.tokens, "dtype": options.dtype, "kernels": rows,
                        "flash_over_gemms": flash_over_gemms, "fused_over_gemms": fused_over_gemms,
-                       "worst": worst, "blocks_sweep": sweep, "profile": profiled}, stream, indent=1)
+                       "worst": worst, "launches": launches, "tiles_sweep": tiles, "blocks_sweep": sweep,
+                       "profile": profiled}, stream, indent=1)
     if options.no_steps:
         print(f"ratio: flash (Triton) Pattention time / six GEMMs = {flash_over_gemms:.2f} (all shapes and Θ; worst "
               f"{worst:.2f}); fused {fused_over_gemms:.2f}")

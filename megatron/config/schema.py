@@ -145,9 +145,10 @@ _MODEL = (
         "reference formula under autograd (about three score matrices).",
         choices=("auto", "plain", "fused", "flash"), pattention=True),
     Key("flash_backend", str, "auto", "model",
-        "Θ's kernels on pattention_impl=flash's blocks of scores and fused's score matrix: auto (Triton on CUDA, "
-        "PyTorch otherwise), pytorch, or triton (also on a CPU, under Triton's interpreter: slow, for testing the "
-        "kernels).",
+        "How Θ runs: triton runs pattention_impl=flash's l2 Θ as whole-Pattention Triton kernels that keep no score "
+        "tile in device memory, and Θ in Triton kernels on flash's softmax blocks of scores and fused's score "
+        "matrix; pytorch runs flash in blocks of scores with Θ in PyTorch. auto: triton on CUDA, pytorch otherwise; "
+        "triton also runs on a CPU, under Triton's interpreter (slow, for testing the kernels).",
         choices=("auto", "pytorch", "triton"), pattention=True),
     Key("init_method", str, "normal", "model", "Initialisation of every weight except layer outputs.",
         choices=_INIT_METHODS),
