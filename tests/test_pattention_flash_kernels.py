@@ -110,7 +110,7 @@ def test_a_grown_layer_with_frozen_old_tokens_keeps_every_bit_and_trains_its_new
         return out.detach(), x_leaf.grad, [p.grad for p in layer.parameters()]
 
     out, grad_x, _ = run(layer)
-    layer.grow(N + 40)
+    layer.grow(N + 40, mode="preserve")
     freeze_leading_tokens(layer, N, torch.float32)
     trainable = list(layer.parameters())
     assert [len(p) for p in trainable] == [40, 40] and layer.norm_token_count.item() == N
