@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from megatron.config.schema import SCHEMA, Key
+from megatron.config.schema import CLUSTER_CHECK_SECTIONS, SCHEMA, Key
 
 
 class ConfigError(ValueError):
@@ -297,6 +297,14 @@ def _exit_signals_are_catchable(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _cluster_check_sections_are_known(v: Mapping[str, Any]) -> str | None:
+    unknown = [name for name in v["cluster_check_sections"] if name not in CLUSTER_CHECK_SECTIONS]
+    if unknown:
+        return (f"cluster_check_sections: {', '.join(map(repr, unknown))} is not a section; choose from "
+                f"{', '.join(CLUSTER_CHECK_SECTIONS)}")
+    return None
+
+
 RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _heads_divide_hidden,
     _tensor_parallel_splits_evenly,
@@ -311,6 +319,7 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _every_stage_has_a_layer,
     _partition_method_is_known,
     _exit_signals_are_catchable,
+    _cluster_check_sections_are_known,
 )
 
 

@@ -28,7 +28,7 @@ from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directo
 from megatron.checkpoint.selection import newest_usable_tag, screened_file_problems
 from megatron.config import Config, ConfigError
 from megatron.config.eval_tasks import eval_task_problems
-from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
+from megatron.config.run_inputs import CLUSTER_CHECK_SCRIPT, INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_repeats, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
@@ -92,7 +92,8 @@ def _norm_ramp_problems(cfg: Config, tag_dir: Path | None) -> list[str]:
 def nothing_left_to_train(cfg: Config) -> str | None:
     """Why a training run that passed preflight_problems would stop as soon as it started: the checkpoint it
     resumes already reached train_iters (launched, it would only say so, after start-up); None otherwise."""
-    if cfg.eval_only or not cfg.load or Path(cfg.user_script or "train.py").name in INFERENCE_SCRIPTS:
+    script = Path(cfg.user_script or "train.py").name
+    if cfg.eval_only or not cfg.load or script in INFERENCE_SCRIPTS or script == CLUSTER_CHECK_SCRIPT:
         return None
     tag, _ = newest_usable_tag(cfg.load, screened_file_problems)
     if tag is None or holds_weights_only(Path(cfg.load) / tag):  # weights only: a start at iteration 0
