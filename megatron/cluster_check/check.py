@@ -27,6 +27,7 @@ from megatron.cluster_check.ranks import Ranks, gather
 from megatron.cluster_check.report import (FAIL, SKIP, RunDescription, SectionResult, console_summary, markdown,
                                            overall)
 from megatron.config import Config
+from megatron.config.run_inputs import CLUSTER_CHECK_FAILED
 from megatron.config.schema import CLUSTER_CHECK_SECTIONS
 from megatron.runtime.collectives import from_output_rank, is_output_rank
 from megatron.runtime.process_group import initialize_distributed
@@ -82,7 +83,8 @@ def report_path(cfg: Config) -> Path:
 
 
 def run_cluster_check(cfg: Config) -> int:
-    """Every rank: the selected sections; returns the exit status (1 if a section failed, else 0)."""
+    """Every rank: the selected sections; returns the exit status (CLUSTER_CHECK_FAILED if a section failed, else
+    0)."""
     start = time.perf_counter()
     placement = initialize_distributed(cfg)
     context = CheckContext(cfg, Ranks.gather(), placement.device, tag=(cfg.launch_id or "run")[:12])
@@ -103,4 +105,4 @@ def run_cluster_check(cfg: Config) -> int:
     dist.barrier()
     if is_output_rank():
         print(console_summary(list(results.values()), path.resolve(), time.perf_counter() - start), flush=True)
-    return 1 if overall(list(results.values())) == FAIL else 0
+    return CLUSTER_CHECK_FAILED if overall(list(results.values())) == FAIL else 0

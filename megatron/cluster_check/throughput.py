@@ -43,12 +43,20 @@ RANKS_LISTED = 16  # ranks whose step times the report lists one by one
 
 def largest_micro_batch(args: TokenFormerArgs, impl: str, shape: RunShape, device_type: str,
                         device_bytes: int) -> int:
-    """The most sequences per micro-batch whose per-rank estimate fits (1 − RESERVE) of `device_bytes` (0: none)."""
-    def need(micro: int) -> int:
-        return training_bytes_per_rank(args, impl, dataclasses.replace(shape, micro_batch=micro), device_type)
+    """The most sequences per micro-batch whose per-rank estimate fits (1 − RESERVE) of `device_bytes` (0: none),
+    searched: the estimate grows with the micro-batch, not quite linearly (the loss's blocks)."""
+    budget = (1 - RESERVE) * device_bytes
 
-    per_sequence = need(1) - need(0)
-    return max(0, math.floor(((1 - RESERVE) * device_bytes - need(0)) / per_sequence))
+    def fits(micro: int) -> bool:
+        return training_bytes_per_rank(args, impl, dataclasses.replace(shape, micro_batch=micro), device_type) <= budget
+
+    low, high = 0, 1
+    while fits(high) and high < 2**20:
+        low, high = high, 2 * high
+    while high - low > 1:  # fits(low), not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def _plan(context: CheckContext) -> dict:

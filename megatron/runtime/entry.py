@@ -70,7 +70,7 @@ def _prepare_process(settings: RuntimeSettings) -> None:
 def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     """A rank's entry point (train.py, generate.py, eval.py, cluster_check.py): `main` on the config deepy.py
     passed, then the process group left and the process ended; an int `main` returns is the exit status (the
-    cluster check's 1 when a section failed). An error every rank raises alike (a ConfigError, a damaged
+    cluster check's 3 when a section failed). An error every rank raises alike (a ConfigError, a damaged
     checkpoint: decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message,
     not one traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit,
     without the chained traceback of the OS error behind it (the message names it). Any other error prints its
