@@ -188,10 +188,15 @@ def _floor(result: SectionResult, context: CheckContext, groups: Groups, figures
     """Every group whose bus bandwidth at the largest size is below `floor` GB/s, named by its hosts."""
     members_by_kind = {kind: gather(members) for kind, (_, members) in groups.kinds.items() if kind != "world"}
     members_by_kind["world"] = [groups.kinds["world"][1]] * context.ranks.world_size
-    fixes = {"world": "see the within-a-node and across-nodes figures for the slow part",
-             "within a node": "check the node's device links (nvidia-smi topo -m; NCCL_P2P_DISABLE must not be set)",
+    within = "check the node's device links (nvidia-smi topo -m; NCCL_P2P_DISABLE must not be set)"
+    fixes = {"world": within if len(context.ranks.hosts()) == 1 else
+             "the within-a-node and across-nodes figures show which part is slow",
+             "within a node": within,
              "across nodes": "check the network between these nodes: NCCL_DEBUG=INFO shows the transport (NET/IB "
                              "expected, not NET/Socket), ibstat the links"}
+    if context.on_cpu:
+        fixes = dict.fromkeys(fixes, "CPU processes talk through gloo, far below any GPU link: set the floor for the "
+                                     "accelerators' NCCL, or leave cluster_check_busbw_floor unset here")
     for kind, by_op in figures.items():
         for op, by_size in by_op.items():
             size = max(by_size)

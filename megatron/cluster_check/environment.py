@@ -175,7 +175,8 @@ def run(context: CheckContext) -> SectionResult:
     free = [f["free_memory"] for f in facts]
     result.figures = [
         "| field | rank 0's value | ranks that differ |", "|---|---|---|",
-        *[f"| {field} | {first[field]} | {sum(f[field] != first[field] for f in facts)} |" for field in COMPARED],
+        *[f"| {field} | {first[field] or '-'} | {sum(f[field] != first[field] for f in facts)} |"
+          for field in COMPARED],
         "", f"Free {'host' if first['device_type'] == 'cpu' else 'device'} memory: least {min(free) / GIB:.1f} GiB, "
         f"most {max(free) / GIB:.1f} GiB (of {first['total_memory'] / GIB:.1f} GiB).", "",
         "| host | ranks | devices visible | SLURM_GPUS_ON_NODE |", "|---|---|---|---|", *rows, "",
