@@ -1,11 +1,12 @@
 """cluster_check.py (docs/cluster.md): the pieces on their own, then real runs on gloo processes.
 
 A 4-process deepy.py launch in the tensor 2 x pipeline 2 layout passes every section and writes the report.
-Real faults, each in a 2-process run of the section it must fail, started rank by rank as deepy.py's launcher
-would (so that one rank can start in a mount namespace of its own): a `save` directory that rank 1 sees as
-another (a tmpfs over it), data that differs on rank 1 (another dataset bind-mounted over the path), a golden
-curve that does not match, a bandwidth floor above gloo's. Each fails its section, names the rank or ranks, exits
-with CLUSTER_CHECK_FAILED and prints no traceback. (tests/test_slurm.py runs the check through
+Real faults, each in a run of the section it must fail, started rank by rank as deepy.py's launcher would (so
+that a rank can start in namespaces of its own): a `save` directory that rank 1 sees as another (a tmpfs over it
+in its mount namespace), data that differs on rank 1 (another dataset bind-mounted over the path), a golden curve
+that does not match, a bandwidth floor above gloo's (on 4 ranks, two of them in a UTS namespace named node-b: two
+nodes). Each fails its section, names the rank, ranks or hosts, exits with CLUSTER_CHECK_FAILED and prints no
+traceback. (tests/test_slurm.py runs the check through
 tools/slurm/cluster_check.sbatch.)
 """
 
@@ -172,11 +173,17 @@ def other_dataset(demo_data: Path, folder: Path) -> str:
     return prefix
 
 
-def run_ranks(demo_data: Path, log_dir: Path, overrides: list[str], mounts: dict[int, list[str]] | None = None,
+def in_namespaces(kinds: list[str], commands: list[str]) -> list[str]:
+    """The prefix that starts a command in new namespaces (unshare's options, e.g. --mount, --uts) after
+    `commands` ran there."""
+    return ["unshare", *kinds, "sh", "-c", " && ".join([*commands, 'exec "$0" "$@"'])]
+
+
+def run_ranks(demo_data: Path, log_dir: Path, overrides: list[str], prefixes: dict[int, list[str]] | None = None,
               world_size: int = 2) -> tuple[list[int], str]:
     """cluster_check.py on `world_size` processes started as DeepSpeed's launcher starts them (the config encoded
-    as deepy.py encodes it); the ranks of `mounts` start in a mount namespace of their own, where those mount
-    commands ran first. Every rank's exit status, and all the output."""
+    as deepy.py encodes it), the ranks of `prefixes` behind theirs (in_namespaces). Every rank's exit status, and
+    all the output."""
     cfg = load_config([TINY], [*data_overrides(demo_data), f"num_gpus={world_size}", f"log_dir={log_dir}",
                                "user_script=cluster_check.py", f"launch_id={uuid.uuid4().hex}",
                                f"master_port={free_port()}", *overrides], world_size=world_size)
@@ -185,10 +192,7 @@ def run_ranks(demo_data: Path, log_dir: Path, overrides: list[str], mounts: dict
     for rank in range(world_size):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                    LOCAL_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.master_port))
-        prefix = []
-        if rank in (mounts or {}):
-            prefix = ["unshare", "--mount", "sh", "-c", " && ".join([*mounts[rank], 'exec "$0" "$@"'])]
-        processes.append(subprocess.Popen([*prefix, *command], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        processes.append(subprocess.Popen([*(prefixes or {}).get(rank, []), *command], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
     outputs = [process.communicate(timeout=RUN_TIMEOUT_SECONDS)[0] for process in processes]
     return [process.returncode for process in processes], "\n".join(outputs)
@@ -205,30 +209,30 @@ def assert_failed(codes: list[int], output: str, log_dir: Path, section: str, *n
     return findings
 
 
-needs_mount_namespaces = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1) for a mount namespace")
+needs_namespaces = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1) for namespaces")
 
 
 @pytest.mark.slow
-@needs_mount_namespaces
+@needs_namespaces
 def test_a_save_directory_another_on_one_rank_fails_the_environment(demo_data, tmp_path):
     save = tmp_path / "save"
     save.mkdir()
     codes, output = run_ranks(demo_data, tmp_path / "logs", [f"save={save}", "cluster_check_sections=[environment]"],
-                              mounts={1: [f"mount -t tmpfs tmpfs {save}"]})
+                              prefixes={1: in_namespaces(["--mount"], [f"mount -t tmpfs tmpfs {save}"])})
     assert_failed(codes, output, tmp_path / "logs", "environment", f"**rank 1 on {HOST}**",
                   f"save = {save} does not hold the file rank 0 wrote there")
     assert f"rank 0 on {HOST}**" not in (tmp_path / "logs" / "cluster_check.md").read_text()
 
 
 @pytest.mark.slow
-@needs_mount_namespaces
+@needs_namespaces
 def test_data_that_differs_on_one_rank_fails_the_environment(demo_data, tmp_path):
     other = other_dataset(demo_data, tmp_path / "other")
     path = f"{demo_data}/demo_text_document"
     mounts = [f"mount --bind {other}{suffix} {path}{suffix}" for suffix in (".idx", ".bin")]
     codes, output = run_ranks(demo_data, tmp_path / "logs", ["cluster_check_sections=[environment]"],
-                              mounts={1: mounts})
+                              prefixes={1: in_namespaces(["--mount"], mounts)})
     assert_failed(codes, output, tmp_path / "logs", "environment", f"**rank 1 on {HOST}**: data_path: {path}.idx is "
                   "another file than on rank 0", f"**rank 1 on {HOST}**: data_path: {path}.bin")
 
@@ -245,13 +249,20 @@ def test_a_golden_curve_that_does_not_match_fails_the_golden_section(demo_data, 
 
 
 @pytest.mark.slow
-def test_a_bandwidth_floor_above_what_gloo_gives_fails_the_collectives(demo_data, tmp_path):
-    codes, output = run_ranks(demo_data, tmp_path / "logs", ["cluster_check_sections=[collectives]",
-                                                              "cluster_check_busbw_floor=1000"])
-    findings = assert_failed(codes, output, tmp_path / "logs", "collectives", f"all-reduce world ({HOST})",
-                             "below the floor cluster_check_busbw_floor = 1000 GB/s")
-    assert "all-gather world" in findings and "reduce-scatter world" in findings
-
+@needs_namespaces
+def test_a_bandwidth_floor_above_what_gloo_gives_fails_the_collectives_of_two_nodes(demo_data, tmp_path):
+    """Ranks 2 and 3 start in a UTS namespace named node-b: two nodes of two ranks, so that the groups within a node
+    and across nodes are measured and named too."""
+    node_b = in_namespaces(["--uts"], ["hostname node-b"])
+    codes, output = run_ranks(demo_data, tmp_path / "logs", ["cluster_check_sections=[environment, collectives]",
+                                                              "cluster_check_busbw_floor=1000"],
+                              prefixes={2: node_b, 3: node_b}, world_size=4)
+    findings = assert_failed(codes, output, tmp_path / "logs", "collectives", f"all-reduce world ({HOST}, node-b)",
+                             "below the floor cluster_check_busbw_floor = 1000 GB/s", f"within a node ({HOST})",
+                             "all-gather within a node (node-b)", f"across nodes (rank 0 on {HOST}; rank 2 on node-b)",
+                             f"reduce-scatter across nodes (rank 1 on {HOST}; rank 3 on node-b)")
+    assert report_sections(tmp_path / "logs")["environment"] == PASS
+    assert len(findings.split("\n- **")) - 1 == 3 * 5  # three operations over the world, two nodes, two pairs
 
 @pytest.mark.slow
 def test_gpu_checks_step_runs_the_one_device_sections(tmp_path):

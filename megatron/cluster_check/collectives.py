@@ -180,7 +180,10 @@ def _gemm_seconds(context: CheckContext) -> list[float]:
     return gather(mine)
 
 
-def _member_hosts(context: CheckContext, members: list[int]) -> str:
+def _group_name(context: CheckContext, kind: str, members: list[int]) -> str:
+    """The world and a node by their hosts; a group across nodes by its ranks (one per node)."""
+    if kind == "across nodes":
+        return context.ranks.name(members)
     return ", ".join(dict.fromkeys(context.ranks.hosts_by_rank[r] for r in members))
 
 
@@ -206,7 +209,7 @@ def _floor(result: SectionResult, context: CheckContext, groups: Groups, figures
                 if members in seen or busbw >= floor:
                     continue
                 seen.add(members)
-                result.fail(f"{op} {kind} ({_member_hosts(context, list(members))})",
+                result.fail(f"{op} {kind} ({_group_name(context, kind, list(members))})",
                             f"{busbw:.2f} GB/s bus bandwidth at {size // MIB} MiB, below the floor "
                             f"cluster_check_busbw_floor = {floor:g} GB/s", fixes[kind])
 
