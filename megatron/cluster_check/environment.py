@@ -58,6 +58,11 @@ def _nvidia_driver() -> str | None:
     return found[1] if found else text.splitlines()[0]
 
 
+def _nccl_version() -> str:
+    version = torch.cuda.nccl.version()  # (2, 21, 5); an int in older torch
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def _free_and_total_memory(device_name: str, index: int) -> tuple[int, int]:
     """Free and total bytes of this rank's device as the driver sees them (other processes' use included); on a
     CPU, the host's available and total memory."""
@@ -86,7 +91,7 @@ def rank_facts(device: torch.device) -> dict:
         "device_identity": identity, "devices_visible": accelerator.device_count() if name != "cpu" else None,
         "driver": _nvidia_driver() if on_cuda else None, "python": platform.python_version(),
         "torch": torch.__version__, "cuda": torch.version.cuda,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if on_cuda else None,
+        "nccl": _nccl_version() if on_cuda else None,
         "deepspeed": deepspeed.__version__, "triton": _version("triton"),
         "free_memory": free, "total_memory": total,
         "slurm_gpus_on_node": os.environ.get("SLURM_GPUS_ON_NODE"),
