@@ -101,6 +101,49 @@ def test_ranks_are_named_with_their_hosts():
     assert ranks.name(list(range(8))).endswith("and 2 more")
 
 
+def gpu_facts(host_devices: dict[str, int], **changes) -> list[dict]:
+    """What environment.rank_facts gives on GPU nodes, one rank per device, with `changes` ({rank: {field: value}})."""
+    facts = []
+    for host, devices in host_devices.items():
+        for index in range(devices):
+            facts.append({"device": "NVIDIA H100 80GB HBM3", "device_type": "cuda",
+                          "device_identity": f"{host}-gpu{index}", "devices_visible": devices, "driver": "550.54.15",
+                          "python": "3.11.7", "torch": "2.13.0", "cuda": "13.0", "nccl": "2.27.3",
+                          "deepspeed": "0.19.8", "triton": "3.9.0", "free_memory": 79 * 2**30,
+                          "total_memory": 80 * 2**30, "slurm_gpus_on_node": None})
+    for rank, fields in changes.get("ranks", {}).items():
+        facts[rank].update(fields)
+    return facts
+
+
+def test_gpu_nodes_that_disagree_are_named_with_both_values():
+    """The environment section's judgements on GPU facts (this machine has none to gather)."""
+    import torch
+
+    from megatron.cluster_check import environment
+    from megatron.cluster_check.context import CheckContext
+
+    ranks = Ranks(("a",) * 4 + ("b",) * 4)
+    context = CheckContext(None, ranks, torch.device("cuda", 0), "t")
+    result = SectionResult("environment")
+    facts = gpu_facts({"a": 4, "b": 4}, ranks={5: {"torch": "2.12.1", "devices_visible": 3},
+                                                6: {"device_identity": "b-gpu1", "free_memory": 30 * 2**30},
+                                                7: {"slurm_gpus_on_node": "4"}})
+    for fact in facts[4:]:
+        fact.update(devices_visible=3, slurm_gpus_on_node="4")
+    environment._devices(result, context, facts)
+    environment._mismatches(result, context, facts)
+    environment._memory(result, context, facts)
+    found = {(f.where, f.what) for f in result.findings}
+    assert ("host b", "3 devices visible for 4 ranks") in found
+    assert ("host b", "SLURM promised 4 GPUs (SLURM_GPUS_ON_NODE) but 3 are visible") in found
+    assert ("ranks 5, 6 on b", "2 ranks use one device (b-gpu1)") in found
+    assert ("rank 5 on b", "torch 2.12.1 where the other ranks have 2.13.0") in found
+    assert ("rank 6 on b", "30.0 GiB free on its device where others have 79.0 GiB") in found
+    assert ("ranks 4, 5, 6, 7 on b", "devices_visible 3 where the other ranks have 4") not in found  # not compared
+    assert len(result.findings) == 5
+
+
 def test_the_report_names_every_failure_and_the_console_fits_a_screen():
     results = [SectionResult("environment", PASS, "fine"),
                SectionResult("collectives", FAIL, "slow", ["| a | b |"],
