@@ -41,7 +41,7 @@ if __name__ == "__main__":  # before the imports below, which take seconds
 
 from megatron.config import ConfigError, inactive_keys, slow_keys  # noqa: E402
 from megatron.config.argument import encode_config  # noqa: E402
-from megatron.config.run_inputs import CLUSTER_CHECK_SCRIPT, INFERENCE_SCRIPTS  # noqa: E402
+from megatron.config.run_inputs import INFERENCE_SCRIPTS  # noqa: E402
 from megatron.config.validate import raise_if_any  # noqa: E402
 from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa: E402
 from megatron.host.build_locks import remove_stale_build_locks  # noqa: E402
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
         print(f"note: {key} has no effect here: {reason}", flush=True)
     for key, why in slow_keys(cfg, device):
         print(f"note: {key}: {why}", flush=True)
-    if Path(script).name not in (*INFERENCE_SCRIPTS, CLUSTER_CHECK_SCRIPT):
+    if Path(script).name not in INFERENCE_SCRIPTS:
         for note in preflight_notes(cfg):
             print(f"note: {note}", flush=True)
         for warning in resume_warnings(cfg):

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from megatron.config.schema import CLUSTER_CHECK_SECTIONS, SCHEMA, Key
+from megatron.config.schema import SCHEMA, Key
 
 
 class ConfigError(ValueError):
@@ -284,6 +284,15 @@ def _partition_method_is_known(v: Mapping[str, Any]) -> str | None:
 
 
 # Signals a process can catch; SIGKILL and SIGSTOP cannot be.
+def _cluster_check_sections_are_known(v: Mapping[str, Any]) -> str | None:
+    sections = SCHEMA["cluster_check_sections"].default  # all of them, in the order they run
+    unknown = [name for name in v["cluster_check_sections"] if name not in sections]
+    if unknown:
+        return (f"cluster_check_sections: {', '.join(map(repr, unknown))} is not a section; choose from "
+                f"{', '.join(sections)}")
+    return None
+
+
 _CATCHABLE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGCONT", "SIGXCPU")
 
 
@@ -294,14 +303,6 @@ def _exit_signals_are_catchable(v: Mapping[str, Any]) -> str | None:
             f"exit_signals {unknown} cannot be handled; choose among {', '.join(_CATCHABLE_SIGNALS)} "
             "(SLURM sends SIGTERM, and SIGUSR1 with --signal=USR1@SECONDS)"
         )
-    return None
-
-
-def _cluster_check_sections_are_known(v: Mapping[str, Any]) -> str | None:
-    unknown = [name for name in v["cluster_check_sections"] if name not in CLUSTER_CHECK_SECTIONS]
-    if unknown:
-        return (f"cluster_check_sections: {', '.join(map(repr, unknown))} is not a section; choose from "
-                f"{', '.join(CLUSTER_CHECK_SECTIONS)}")
     return None
 
 
@@ -318,8 +319,8 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _pipeline_zero_stage,
     _every_stage_has_a_layer,
     _partition_method_is_known,
-    _exit_signals_are_catchable,
     _cluster_check_sections_are_known,
+    _exit_signals_are_catchable,
 )
 
 
