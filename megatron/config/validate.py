@@ -283,7 +283,6 @@ def _partition_method_is_known(v: Mapping[str, Any]) -> str | None:
     )
 
 
-# Signals a process can catch; SIGKILL and SIGSTOP cannot be.
 def _cluster_check_sections_are_known(v: Mapping[str, Any]) -> str | None:
     sections = SCHEMA["cluster_check_sections"].default  # all of them, in the order they run
     unknown = [name for name in v["cluster_check_sections"] if name not in sections]
@@ -293,6 +292,7 @@ def _cluster_check_sections_are_known(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+# Signals a process can catch; SIGKILL and SIGSTOP cannot be.
 _CATCHABLE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGCONT", "SIGXCPU")
 
 
