@@ -40,6 +40,7 @@ from megatron.model import TokenFormerArgs
 from megatron.training.pattention_choice import RESERVE, RunShape, training_bytes_per_rank
 from tests.conftest import REPO, run_deepy
 from tests.distributed import free_port
+from tests.test_launch_preflight import pristine, run  # noqa: F401 (fixtures: a save directory at iteration 3)
 from tests.test_training_e2e import data_overrides
 
 TINY = str(REPO / "tests" / "tiny.yml")
@@ -92,6 +93,16 @@ def test_an_unknown_section_is_refused_when_the_config_loads():
     with pytest.raises(ConfigError, match="cluster_check_sections: 'colectives' is not a section"):
         load_config([TINY], ["data_path=d", "cluster_check_sections=[environment, colectives]"])
     assert load_config([TINY], ["data_path=d"]).cluster_check_sections == list(CLUSTER_CHECK_SECTIONS)
+
+
+def test_a_run_whose_checkpoint_reached_train_iters_is_still_checked(run, tmp_path):
+    """deepy.py does not launch train.py on a finished run; the cluster check trains nothing of its own."""
+    from megatron.launch.preflight import nothing_left_to_train
+    from tests.test_launch_preflight import run_config
+
+    assert nothing_left_to_train(run_config(tmp_path, f"load={run}", "train_iters=3"))
+    assert nothing_left_to_train(run_config(tmp_path, f"load={run}", "train_iters=3",
+                                            "user_script=cluster_check.py")) is None
 
 
 def test_ranks_are_named_with_their_hosts():
