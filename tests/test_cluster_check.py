@@ -4,9 +4,9 @@ A 4-process deepy.py launch in the tensor 2 x pipeline 2 layout passes every sec
 Real faults, each in a run of the section it must fail, started rank by rank as deepy.py's launcher would (so
 that a rank can start in namespaces of its own): a `save` directory that rank 1 sees as another (a tmpfs over it
 in its mount namespace), data that differs on rank 1 (another dataset bind-mounted over the path), a golden curve
-that does not match, a bandwidth floor above gloo's (on 4 ranks, two of them in a UTS namespace named node-b: two
-nodes). Each fails its section, names the rank, ranks or hosts, exits with CLUSTER_CHECK_FAILED and prints no
-traceback. (tests/test_slurm.py runs the check through
+that does not match (through deepy.py), a bandwidth floor above gloo's (on 4 ranks, two of them in a UTS
+namespace named node-b: two nodes). Each fails its section, names the rank, ranks or hosts, exits with
+CLUSTER_CHECK_FAILED and prints no traceback. (tests/test_slurm.py runs the check through
 tools/slurm/cluster_check.sbatch.)
 """
 
@@ -293,13 +293,18 @@ def test_data_that_differs_on_one_rank_fails_the_environment(demo_data, tmp_path
 
 @pytest.mark.slow
 def test_a_golden_curve_that_does_not_match_fails_the_golden_section(demo_data, tmp_path):
+    """Through deepy.py, which says the check found failures rather than naming a crashed rank."""
     curve = read_curve(REPOSITORY_CURVE)
     curve["losses"] = [loss * 1.01 for loss in curve["losses"]]
     (tmp_path / "curve.json").write_text(json.dumps(curve))
-    codes, output = run_ranks(demo_data, tmp_path / "logs", ["cluster_check_sections=[golden]",
-                                                              f"cluster_check_golden={tmp_path}/curve.json"])
-    assert_failed(codes, output, tmp_path / "logs", "golden", f"**rank 0 on {HOST}**: step 1 loss",
+    result = run_deepy("cluster_check.py", TINY, *data_overrides(demo_data), f"log_dir={tmp_path}/logs",
+                       "cluster_check_sections=[golden]", f"cluster_check_golden={tmp_path}/curve.json",
+                       check=False, timeout=RUN_TIMEOUT_SECONDS)
+    output = result.stdout + result.stderr
+    assert_failed([result.returncode], output, tmp_path / "logs", "golden", f"**rank 0 on {HOST}**: step 1 loss",
                   f"**rank 1 on {HOST}**: step 1 loss", "relative 9.9e-03 > 0.001")
+    assert "deepy.py: cluster_check.py found failures (exit status 3)" in result.stderr
+    assert "first to end" not in result.stderr
 
 
 @pytest.mark.slow
