@@ -84,7 +84,7 @@ def _plan(context: CheckContext) -> dict:
     why = f"the memory model's largest for {device_bytes / GIB:.1f} GiB per rank with {RESERVE:.0%} kept free"
     if context.on_cpu and micro > CPU_MICRO_BATCH:
         micro, why = CPU_MICRO_BATCH, f"{why}, capped at {CPU_MICRO_BATCH} on CPU processes"
-    plan.update(impl=impl, micro=max(1, micro), why=why)
+    plan.update(impl=impl, micro=micro, why=why)
     if micro:
         plan["predicted"] = training_bytes_per_rank(args, impl, dataclasses.replace(shape, micro_batch=micro),
                                                     device_type)
@@ -94,6 +94,13 @@ def _plan(context: CheckContext) -> dict:
 def run(context: CheckContext) -> SectionResult:
     cfg, result = context.cfg, SectionResult(NAME)
     plan = _plan(context)
+    if not plan["micro"]:
+        result.fail(context.ranks.name(list(range(cfg.world_size))), f"the memory model fits no sequence of "
+                    f"{cfg.seq_length} tokens in {plan['device_bytes'] / GIB:.1f} GiB per rank, with {RESERVE:.0%} "
+                    "kept free", "split the model over more ranks (model_parallel_size, pipe_parallel_size), or set "
+                    "checkpoint_activations: true")
+        result.summary = "the config's model does not fit a device by the memory model: not run"
+        return result
     steps, warmup = (CPU_STEPS, CPU_WARMUP) if context.on_cpu else (STEPS, WARMUP)
     run_cfg = variant(cfg, **plan["model"], pattention_impl=plan["impl"], train_micro_batch_size_per_gpu=plan["micro"],
                       gradient_accumulation_steps=plan["accumulation"], train_iters=steps,
