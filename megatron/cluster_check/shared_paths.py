@@ -101,7 +101,8 @@ def check_directory(result: SectionResult, ranks: Ranks, key: str, value: str, t
 
 
 def file_digest(path: Path, whole: bool) -> str:
-    """sha256 of the file (`whole`), or of its size and first and last MiB; 'missing: ...' when unreadable."""
+    """sha256 of the file (`whole`), or of its size and first and last MiB; 'unreadable: REASON' when it cannot be
+    read (a missing file included)."""
     try:
         with open(path, "rb") as handle:
             if whole:
