@@ -2,8 +2,9 @@
 
 The micro-batch is the largest the memory model (megatron/training/pattention_choice.py's per-rank estimate:
 model states under the config's precision and ZeRO stage, activations of the rank's share of the model) fits
-in a device with RESERVE of it kept free; `pattention_impl: auto` takes fused if a micro-batch fits with it, as a
-training run would, else flash. Accumulation is 1 without a pipeline and 2 x the stages with one (the config's
+in a device with RESERVE of it kept free, up to MICRO_BATCH_TOKENS (beyond it a step only takes longer, not
+faster per token); `pattention_impl: auto` takes fused if a micro-batch fits with it, as a training run would,
+else flash. Accumulation is 1 without a pipeline and 2 x the stages with one (the config's
 global batch would make 20 steps take hours). Reported: tokens/s and MFU (megatron/training/utilization.py),
 each rank's median step time, and the peak memory against the memory model's prediction; a peak above the
 prediction plus the reserve fails (the micro-batch the memory model gives would not be safe here).
@@ -38,6 +39,7 @@ NAME = "throughput"
 STEPS, WARMUP = 20, 5
 CPU_STEPS, CPU_WARMUP = 6, 2
 CPU_MICRO_BATCH = 4
+MICRO_BATCH_TOKENS = 65536  # at most, so that 20 steps of a 1-5B model take about a minute (docs/cluster.md)
 RANKS_LISTED = 16  # ranks whose step times the report lists one by one
 
 
@@ -82,8 +84,10 @@ def _plan(context: CheckContext) -> dict:
         if micro:
             break
     why = f"the memory model's largest for {device_bytes / GIB:.1f} GiB per rank with {RESERVE:.0%} kept free"
-    if context.on_cpu and micro > CPU_MICRO_BATCH:
-        micro, why = CPU_MICRO_BATCH, f"{why}, capped at {CPU_MICRO_BATCH} on CPU processes"
+    cap = CPU_MICRO_BATCH if context.on_cpu else max(1, MICRO_BATCH_TOKENS // args.seq_length)
+    if micro > cap:
+        where = "on CPU processes" if context.on_cpu else f"({MICRO_BATCH_TOKENS:,} tokens)"
+        micro, why = cap, f"{why}, {micro}, capped at {cap} {where}"
     plan.update(impl=impl, micro=micro, why=why)
     if micro:
         plan["predicted"] = training_bytes_per_rank(args, impl, dataclasses.replace(shape, micro_batch=micro),
