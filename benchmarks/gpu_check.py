@@ -31,6 +31,9 @@ stopping the rest, each in the report:
     gpu-tests    pytest -m gpu: compiled Triton flash against plain, the model on CUDA against the CPU
     max-batch    benchmarks.max_micro_batch: the largest micro-batch of the full 1-5B config at sequence 2048,
                  fused and flash, against the memory model's prediction
+    cluster-check  cluster_check.py's one-device sections (environment, golden, throughput) through deepy.py on
+                 configs/1-5B.yml at the training runs' depth: the golden curve reproduced on the device, tokens/s,
+                 MFU and peak memory against the memory model at its micro-batch (docs/cluster.md)
     report       gpu_check.json and gpu_check.md under --out (default $OUT, else ./gpu_check_out), the targets of
                  issues 39 and 40 met or missed, and a short table printed last
 
@@ -365,10 +368,39 @@ def step_max_batch(check: Check, result: StepResult) -> None:
                       f"{flash['largest']} (predicted {flash['predicted']['reserve 0']}): ratio {data['ratio']:.2f}")
 
 
+ONE_DEVICE_SECTIONS = ("environment", "golden", "throughput")  # cluster_check.py's sections one device can run
+
+
+def step_cluster_check(check: Check, result: StepResult) -> None:
+    """cluster_check.py's one-device sections (issue 48) as a user launches them, through deepy.py on one
+    process: configs/1-5B.yml at the training step's reduced depth (a toy model with --cpu-plumbing) on the check's
+    data. The versions and free memory, the repository's golden curve (made on a CPU) reproduced on the device,
+    and tokens/s, MFU and peak memory against the memory model at the micro-batch it gives; its report's table."""
+    from tests.distributed import free_port
+
+    data, tokenizer = write_training_data(check.work / "data")
+    log_dir = check.work / "logs" / "cluster_check"
+    done = check.run([sys.executable, "deepy.py", "cluster_check.py", "configs/1-5B.yml",
+                      str(training_overlay(check, data, tokenizer, 20)),
+                      f"cluster_check_sections=[{', '.join(ONE_DEVICE_SECTIONS)}]", f"log_dir={log_dir}",
+                      f"master_port={free_port()}"], timeout=300)
+    report = log_dir / "cluster_check.md"
+    text = report.read_text() if report.exists() else ""
+    sections = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in text.splitlines()
+                if row.startswith("| ") and row.split("|")[1].strip() in ONE_DEVICE_SECTIONS}
+    result.details = {"sections": sections, "report": text, "output": tail(done.stdout + "\n" + done.stderr, 30),
+                      "table": text.split("\n## ")[0] if text else None}
+    result.summary = ", ".join(f"{name} {status}" for name, status in sections.items()) or (
+        f"deepy.py exited {done.returncode}: no report")
+    if done.returncode != 0 or sorted(sections) != sorted(ONE_DEVICE_SECTIONS):
+        result.status = "failed"
+
+
 # In order of what the open issues need measured first, so a run cut short still brings those back.
 STEPS: dict[str, Callable[[Check, StepResult], None]] = {
     "kit": step_kit, "environment": step_environment, "framework": step_framework, "kernels": step_kernels,
     "training": step_training, "gpu-tests": step_gpu_tests, "max-batch": step_max_batch,
+    "cluster-check": step_cluster_check,
 }
 
 

@@ -76,6 +76,10 @@ def _precision_problems(cfg: Config, device_name: str) -> list[str]:
 
 # Scripts that run a trained model instead of training one (docs/inference.md): they read `load`, not the data.
 INFERENCE_SCRIPTS = ("generate.py", "eval.py")
+# The cluster check (docs/cluster.md): checked as a training run is, since it checks that run's inputs, but it
+# trains nothing of its own and never resumes.
+CLUSTER_CHECK_SCRIPT = "cluster_check.py"
+CLUSTER_CHECK_FAILED = 3  # its exit status when a section failed: a verdict on the cluster, not an error
 
 
 def _inference_problems(cfg: Config, script: str) -> list[str]:

@@ -25,6 +25,7 @@ GROUPS = (
     "parallelism",
     "launcher",
     "inference",
+    "cluster check",
 )
 
 
@@ -415,10 +416,25 @@ _INFERENCE = (
         "eval.py writes PREFIX_eval_results.json (eval_results.json when empty)."),
 )
 
+# cluster_check.py's sections, in the order they run (docs/cluster.md).
+CLUSTER_CHECK_SECTIONS = ("environment", "collectives", "numerics", "golden", "throughput")
+
+_CLUSTER_CHECK = (
+    Key("cluster_check_sections", list, list(CLUSTER_CHECK_SECTIONS), "cluster check",
+        "The sections cluster_check.py runs (always in the order of the default), e.g. [collectives] to measure "
+        "the network again; docs/cluster.md.", item=str),
+    Key("cluster_check_golden", str, None, "cluster check",
+        "A golden loss curve file (python -m megatron.cluster_check.golden --write FILE) that cluster_check.py's "
+        "golden section reproduces on every device; unset: the repository's curve, made on a CPU."),
+    Key("cluster_check_busbw_floor", float, None, "cluster check",
+        "Least bus bandwidth (GB/s, nccl-tests' busbw) cluster_check.py accepts for every collective and group it "
+        "measures, at its largest message size; unset: no floor.", valid_range=POSITIVE),
+)
+
 SCHEMA: dict[str, Key] = {
     key.name: key
     for key in _MODEL + _OPTIMIZER + _TRAINING + _DATA + _CHECKPOINT + _LOGGING + _PARALLELISM + _LAUNCHER
-    + _INFERENCE
+    + _INFERENCE + _CLUSTER_CHECK
 }
 PATTENTION_KEYS = tuple(name for name, key in SCHEMA.items() if key.pattention)
 TOKEN_COUNT_KEYS = tuple(name for name, key in SCHEMA.items() if key.token_count)

@@ -279,6 +279,15 @@ def _partition_method_is_known(v: Mapping[str, Any]) -> str | None:
     )
 
 
+def _cluster_check_sections_are_known(v: Mapping[str, Any]) -> str | None:
+    sections = SCHEMA["cluster_check_sections"].default  # all of them, in the order they run
+    unknown = [name for name in v["cluster_check_sections"] if name not in sections]
+    if unknown:
+        return (f"cluster_check_sections: {', '.join(map(repr, unknown))} is not a section; choose from "
+                f"{', '.join(sections)}")
+    return None
+
+
 # Signals a process can catch; SIGKILL and SIGSTOP cannot be.
 _CATCHABLE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGCONT", "SIGXCPU")
 
@@ -319,6 +328,7 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _pipeline_zero_stage,
     _every_stage_has_a_layer,
     _partition_method_is_known,
+    _cluster_check_sections_are_known,
     _exit_signals_are_catchable,
     _samples_can_be_counted,
 )

@@ -30,7 +30,7 @@ from megatron.checkpoint.selection import (newest_usable_tag, screened_file_prob
                                            verified_file_problems)
 from megatron.config import Config, ConfigError
 from megatron.config.eval_tasks import eval_task_problems
-from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
+from megatron.config.run_inputs import CLUSTER_CHECK_SCRIPT, INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_repeats, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
@@ -109,7 +109,8 @@ def nothing_left_to_train(cfg: Config) -> str | None:
     SHA-256 against its manifest) before the run is called done: a damaged one, which the ranks would skip for an
     older one, would otherwise end a requeued job with exit 0 while it has training left. Only that checkpoint
     is hashed, and only then: a run that launches leaves the hashing to its ranks."""
-    if cfg.eval_only or not cfg.load or Path(cfg.user_script or "train.py").name in INFERENCE_SCRIPTS:
+    script = Path(cfg.user_script or "train.py").name
+    if cfg.eval_only or not cfg.load or script in INFERENCE_SCRIPTS or script == CLUSTER_CHECK_SCRIPT:
         return None
 
     def problems(tag_dir: Path) -> list[str]:

@@ -9,9 +9,10 @@ Ranks on other hosts get it from the launcher (SIGTERM to srun or mpirun is forw
 SIGTERM to DeepSpeed's runner itself ends the runner only; deepy.py, the subreaper of its descendants, then
 finds the ranks orphaned, passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is
 seen by the ranks here (megatron/host/orphan_watch.py). When the job fails, the rank DeepSpeed's launcher saw end
-first, and how, is named as the cause; when it fails because the stop reached ranks still starting (before
-they catch it), deepy.py says it stopped as asked and exits 128+N (130 for Ctrl-C). Whatever outlives the
-ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
+first, and how, is named as the cause (unless that is the cluster check's verdict that sections failed); when it
+fails because the stop reached ranks still starting (before they catch it), deepy.py says it stopped as asked and
+exits 128+N (130 for Ctrl-C). Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is
+ended as soon as they are.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from megatron.config.run_inputs import CLUSTER_CHECK_FAILED, CLUSTER_CHECK_SCRIPT
 from megatron.host.orphan_watch import VARIABLE as ORPHAN_VARIABLE
 from megatron.host.orphan_watch import launcher_identity
 
@@ -210,7 +212,10 @@ def run_launcher(command: list[str], script: str) -> int:
         print(f"deepy.py: {script} stopped at your request ({name}) while its ranks were starting, before they "
               "could save a checkpoint", file=sys.stderr, flush=True)
         return 128 + requested[0]
-    if code:
+    if code and first_to_end.code == CLUSTER_CHECK_FAILED and Path(script).name == CLUSTER_CHECK_SCRIPT:
+        print(f"deepy.py: {script} found failures (exit status {code}): the summary above names them",
+              file=sys.stderr, flush=True)
+    elif code:
         cause = f"{first}; the errors of the other ranks follow from it" if first else (
             "the first error printed above is the cause")
         print(f"deepy.py: {script} failed (the launcher exited {code}); {cause}", file=sys.stderr, flush=True)

@@ -80,8 +80,9 @@ def _prepare_process(settings: RuntimeSettings) -> None:
 
 
 def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
-    """A rank's entry point (train.py, generate.py, eval.py): `main` on the config deepy.py passed, then the
-    process group left and the process ended. An error every rank raises alike (a ConfigError, a damaged
+    """A rank's entry point (train.py, generate.py, eval.py, cluster_check.py): `main` on the config deepy.py
+    passed, then the process group left and the process ended; an int `main` returns is the exit status (the
+    cluster check's 3 when a section failed). An error every rank raises alike (a ConfigError, a damaged
     checkpoint: decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message,
     not one traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit,
     without the chained traceback of the OS error behind it (the message names it). Any other error prints its
@@ -92,10 +93,11 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
     cfg = decode_config(parser.parse_args().megatron_config)
     _prepare_process(RuntimeSettings.from_config(cfg))
-    code = 1
+    code, finished = 1, False
     try:
-        main(cfg)
-        code = 0
+        returned = main(cfg)
+        finished = True
+        code = returned if isinstance(returned, int) and not isinstance(returned, bool) else 0
     except (ConfigError, CheckpointUnreadable) as error:
         if is_output_rank():
             label = "config error" if isinstance(error, ConfigError) else "error"
@@ -107,7 +109,7 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     except Exception:  # noqa: BLE001 (any other error: its traceback, then exit 1 without the teardown below)
         traceback.print_exc()
     finally:
-        leave_process_group(finished=code == 0)
+        leave_process_group(finished=finished)
     end_process(code)
 
 
