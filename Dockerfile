@@ -62,8 +62,4 @@ RUN pip install --no-deps --no-build-isolation -e . \
 ENV TOKENFORMER_CACHE_DIR=/opt/tokenformer-cache
 RUN python -m megatron.data.compiled_helpers \
     && chown -R 1000:1000 /opt/tokenformer-cache
-# DeepSpeed's CPU communication op, compiled now where torch is a CPU build (host/extension_cache.py): every
-# container starts fresh and would compile it again before its ranks start.
-RUN python -m megatron.host.extension_cache \
-    && if [ -d /opt/venv/torch_extensions ]; then chown -R 1000:1000 /opt/venv/torch_extensions; fi
 USER 1000:1000

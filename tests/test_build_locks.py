@@ -29,7 +29,7 @@ from megatron.host.build_locks import hold_build_claim
 cache = Path(sys.argv[1])
 hold_build_claim(cache)  # as every rank does before anything compiles
 if sys.argv[2] == "building":  # as torch's cpp_extension does around a build
-    lock = cache / "deepspeed_shm_comm" / "lock"
+    lock = cache / "cpu_adam" / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     baton = FileBaton(str(lock))
     assert baton.try_acquire()
@@ -79,7 +79,7 @@ def removed_on_node_b(cache: Path, nfs: bool = False) -> tuple[str, str]:
 @pytest.mark.parametrize("nfs", [False, True], ids=["local", "nfs"])
 def test_a_build_on_another_host_keeps_its_lock_and_deepy_waits_for_it(tmp_path, nfs):
     """Older than LOCK_CLAIM_SECONDS too: its builder's lock on it keeps it."""
-    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock = tmp_path / "cpu_adam" / "lock"
     builder = on_node_a(tmp_path, nfs=nfs)
     ago(lock, LOCK_CLAIM_SECONDS + 60)
     remover = on_host("node-b", REMOVER, tmp_path, nfs=nfs)
@@ -98,7 +98,7 @@ def test_a_lock_whose_builder_died_on_another_host_is_removed(tmp_path, nfs):
     """On NFS too: the claim and the probe are POSIX locks on files opened the way NFS requires (a shared flock on
     a file opened for writing only, or an exclusive one on a file opened for reading only, is refused there, and
     every leftover would then wait MAX_BUILD_SECONDS)."""
-    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock = tmp_path / "cpu_adam" / "lock"
     builder = on_node_a(tmp_path, nfs=nfs)
     builder.kill()  # SIGKILL: its lock stays, its claim goes with it
     builder.communicate()
@@ -112,7 +112,7 @@ def test_a_leftover_lock_is_removed_though_another_host_runs_a_job_that_is_not_b
     """A job of this environment alive on another host (its claim held) does not make a leftover wait
     MAX_BUILD_SECONDS: a lock that nobody holds a lock on, LOCK_CLAIM_SECONDS after it was made, is nobody's
     build."""
-    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock = tmp_path / "cpu_adam" / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()  # a start interrupted while compiling, here or anywhere
     ago(lock, LOCK_CLAIM_SECONDS + 60)
@@ -127,7 +127,7 @@ def test_a_leftover_lock_is_removed_though_another_host_runs_a_job_that_is_not_b
 
 @pytest.mark.slow
 def test_a_lock_older_than_any_build_is_removed_though_another_host_runs(tmp_path):
-    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock = tmp_path / "cpu_adam" / "lock"
     builder = on_node_a(tmp_path)  # alive, holding its claim and its lock on the file: a build hung for hours
     try:
         ago(lock, MAX_BUILD_SECONDS + 60)
@@ -139,7 +139,7 @@ def test_a_lock_older_than_any_build_is_removed_though_another_host_runs(tmp_pat
 
 
 def test_a_lock_nobody_holds_is_removed_and_a_held_one_kept(tmp_path, capsys):
-    stale = tmp_path / "deepspeed_shm_comm" / "lock"  # TORCH_EXTENSIONS_DIR/NAME/lock
+    stale = tmp_path / "cpu_adam" / "lock"  # TORCH_EXTENSIONS_DIR/NAME/lock
     held = tmp_path / "py311_cpu" / "other_op" / "lock"  # torch's default layout
     for lock in (stale, held):
         lock.parent.mkdir(parents=True)

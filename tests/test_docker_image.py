@@ -80,8 +80,6 @@ def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(ima
                for name, argv in docker_image.STEPS.items()}
     assert re.search(r"\d+ passed", outputs["unit tests"]) and " failed" not in outputs["unit tests"]
     assert "resumed from checkpoints/demo at iteration 20" in outputs["resume"], outputs["resume"][-3000:]
-    assert not [name for name in ("train", "resume") if "compiles its CPU communication op" in outputs[name]], \
-        "the image's containers compile DeepSpeed's CPU op at start: the image should hold it built"
 
     run_dir = checkpoints / "demo"
     metrics = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]

@@ -243,7 +243,7 @@ def test_a_stop_while_deepy_imports_and_checks_is_one_line_not_a_traceback(demo_
 
 # Loaded into deepy.py (sitecustomize): its launcher becomes a stand-in ($LAUNCHER_CODE), whose pid goes to
 # $LAUNCHER_PID_FILE, and deepy.py sends itself SIGINT at $STOP_AT: "started", as soon as the launcher has started;
-# "ended", when deepy.py cleans up after the ranks ended (its second call of remove_port_buffers).
+# "ended", as soon as the launcher and its ranks have ended (run_launcher returned).
 STOP_IN_A_WINDOW = """
 import importlib.util, os, signal, subprocess, sys
 
@@ -265,10 +265,8 @@ class Launcher(subprocess.Popen):
 subprocess.Popen = Launcher
 
 class StopAfterTheRanks:
-    calls = 0
-
     def find_spec(self, name, path, target=None):
-        if name != "megatron.host.shm_buffers":
+        if name != "megatron.launch.supervise":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -276,14 +274,13 @@ class StopAfterTheRanks:
 
         def exec_module(module):
             run(module)
-            remove = module.remove_port_buffers
+            launch = module.run_launcher
 
-            def remove_then_stop(port):
-                remove(port)
-                StopAfterTheRanks.calls += 1
-                if StopAfterTheRanks.calls == 2:
-                    stop()
-            module.remove_port_buffers = remove_then_stop
+            def launch_then_stop(*args, **kwargs):
+                code = launch(*args, **kwargs)
+                stop()
+                return code
+            module.run_launcher = launch_then_stop
 
         spec.loader.exec_module = exec_module
         return spec
