@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import importlib
 import pickle
+import threading
 import zipfile
 from functools import cache
 from pathlib import Path
@@ -55,9 +56,14 @@ def enum_member(cls: Any, name: Any) -> enum.Enum:
     return cls[name]
 
 
+# torch's safe_globals is process-wide: a thread leaving it takes the allowance from another still loading.
+_ALLOWANCE = threading.Lock()
+
+
 def load_checkpoint_file(path: Path) -> Any:
-    """A DeepSpeed checkpoint file, memory-mapped, unpickling only tensors, containers and DeepSpeed's classes."""
-    with torch.serialization.safe_globals([*deepspeed_classes(), (enum_member, ENUM_LOOKUP)]):
+    """A DeepSpeed checkpoint file, memory-mapped, unpickling only tensors, containers and DeepSpeed's classes
+    (one thread at a time: files are screened and verified on several)."""
+    with _ALLOWANCE, torch.serialization.safe_globals([*deepspeed_classes(), (enum_member, ENUM_LOOKUP)]):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
