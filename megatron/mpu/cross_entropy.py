@@ -11,7 +11,8 @@ the label) are combined by all-reduces of [tokens]-sized tensors; the loss is th
 reaches each block unchanged. The logits are upcast to fp32 a block of rows at a time (BLOCK_BYTES of fp32), in
 forward and again in backward, which recomputes exp(l − m) instead of keeping it: what the loss holds for
 backward is the logits it was given and fp32 [tokens] statistics, where autograd through the formula would keep
-an fp32 copy of the exponentials and make three more while it runs (3.2 GB each at 16k tokens × 50k vocabulary).
+an fp32 copy of the exponentials and make three more while it runs (each 4 bytes × tokens × vocabulary: 3.3 GB
+at 16k tokens of a 50k vocabulary).
 Each row's arithmetic is the formula's, operation for operation, so the loss and the gradient are autograd's
 through it: bit for bit in fp32 on a CPU where a block holds many rows (a sum kernel may order the additions of
 a block of a single row differently), tests/test_cross_entropy.py.
