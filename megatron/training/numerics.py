@@ -9,8 +9,9 @@ untouched. A non-finite loss makes the gradients non-finite, so every layout
 skips such a step before the update.
 
 After each step the ranks all-reduce whether it was bad, so all of them count
-it (the lean step's ranks read the same loss and norm, and agree without it). After `max_skipped_steps` bad steps in a row the run stops with an error;
-the checkpoints already written are untouched. fp16 runs leave the stop to
+it (the lean step's ranks read the same loss and norm, and agree without it).
+After `max_skipped_steps` bad steps in a row the run stops with an error; the
+checkpoints already written are untouched. fp16 runs leave the stop to
 DeepSpeed's loss scaler, which raises once the scale reaches its minimum.
 """
 
