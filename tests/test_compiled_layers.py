@@ -31,6 +31,7 @@ ITERATIONS = 10
 COMPILED = ("compile={enable: true}",)
 FUSED = "pattention_impl=fused"  # tiny.yml's flash recomputes in Python loops, which compile to many graphs
 RELATIVE_TOLERANCE = 1e-5
+# No dropout: compiled code draws its masks with inductor's own generator, so they differ from eager's.
 
 
 def train(overrides: list[str]) -> None:
@@ -58,12 +59,12 @@ def tensor_2_compiled(demo_data, tmp_path_factory) -> Path:
     """A compiled TP = 2 run of 10 steps that saved at step 5."""
     run_dir = tmp_path_factory.mktemp("tensor_2_compiled")
     run(2, run_dir, demo_data, "model_parallel_size=2", *COMPILED, f"save={run_dir}/checkpoints",
-        "extra_save_iters=[5]", "hidden_dropout=0.1")
+        "extra_save_iters=[5]")
     return run_dir
 
 
 def test_compiled_layers_train_as_eager_ones_at_tensor_parallel_2(tensor_2_compiled, demo_data, tmp_path):
-    eager = run(2, tmp_path, demo_data, "model_parallel_size=2", "hidden_dropout=0.1")
+    eager = run(2, tmp_path, demo_data, "model_parallel_size=2")
     compiled = {r["iteration"]: r for r in read_metrics(tensor_2_compiled / "logs") if r["split"] == "train"}
     assert_within_fp32_tolerance(compiled, eager)
 
@@ -79,7 +80,7 @@ def test_a_compiled_run_resumes_bitwise(tensor_2_compiled, demo_data, tmp_path):
     saved = tmp_path / "checkpoints"
     shutil.copytree(tensor_2_compiled / "checkpoints" / "global_step5", saved / "global_step5")
     (saved / "latest").write_text("global_step5")
-    resumed = run(2, tmp_path, demo_data, "model_parallel_size=2", *COMPILED, f"load={saved}", "hidden_dropout=0.1")
+    resumed = run(2, tmp_path, demo_data, "model_parallel_size=2", *COMPILED, f"load={saved}")
     assert sorted(resumed) == list(range(6, ITERATIONS + 1))
     assert [resumed[i]["lm_loss"] for i in resumed] == [uninterrupted[i]["lm_loss"] for i in resumed]
 
