@@ -65,10 +65,15 @@ def lean_step_problem(cfg, data_parallel_size: int) -> str | None:
 
 
 class _ZeroOneUpdate:
-    """DeepSpeed's ZeRO stage 1 optimizer's update on one data-parallel rank, on its own buffers."""
+    """DeepSpeed's ZeRO stage 1 optimizer's update on one data-parallel rank, on its own buffers.
 
-    def __init__(self, optimizer: DeepSpeedZeroOptimizer, max_norm: float) -> None:
-        self.optimizer, self.max_norm = optimizer, max_norm
+    The fp32 gradient buffers are allocated at each step, when the activations are gone, as DeepSpeed allocates
+    its flat partition, except on a CPU: there an allocation this large is a fresh mapping whose first touch
+    faults in every page, so the buffers are kept (a GPU's caching allocator reuses its blocks)."""
+
+    def __init__(self, optimizer: DeepSpeedZeroOptimizer, max_norm: float, device: torch.device) -> None:
+        self.optimizer, self.max_norm, self.device = optimizer, max_norm, device
+        self.kept: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.params = []   # per group: the trained parameters, in their order in the flat buffer
         self.covered = []  # per group: how many leading elements of the flat buffer they fill (the rest is padding)
         for i, flat in enumerate(optimizer.bit16_groups_flat):
@@ -83,22 +88,30 @@ class _ZeroOneUpdate:
         self.everything_counted = all(counted_in_norm(p) for p in self.all_params)
         self.counted = [counted_in_norm(p) for params in self.params for p in params]
 
-    def step(self, device: torch.device) -> torch.Tensor:
-        """The update from the parameters' accumulated .grad; returns the global norm (a device tensor)."""
-        opt = self.optimizer
+    def _buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per group an fp32 buffer of its partition's size, zero past its parameters; each parameter's view."""
+        if self.kept is not None:
+            return self.kept
         flats, views = [], []
-        for params, covered, size in zip(self.params, self.covered, opt.partition_size, strict=True):
-            flat = torch.empty(size, dtype=torch.float32, device=device)
-            if covered < size:
-                flat[covered:].zero_()
+        for params, covered, size in zip(self.params, self.covered, self.optimizer.partition_size, strict=True):
+            flat = torch.empty(size, dtype=torch.float32, device=self.device)
+            flat[covered:].zero_()
             flats.append(flat)
             views += _unflatten_dense_tensors(flat[:covered], params)
+        if self.device.type == "cpu":
+            self.kept = flats, views
+        return flats, views
+
+    def step(self) -> torch.Tensor:
+        """The update from the parameters' accumulated .grad; returns the global norm (a device tensor)."""
+        opt = self.optimizer
+        flats, views = self._buffers()
         grads = [p.grad for p in self.all_params]
         if any(grad is None for grad in grads):  # no part in this step's forward: a zero gradient, as DeepSpeed's
             grads = [torch.zeros_like(p) if grad is None else grad for p, grad in zip(self.all_params, grads)]
         torch._foreach_copy_(views, grads)
         counted = flats if self.everything_counted else [v for v, c in zip(views, self.counted) if c]
-        norm = global_norm(counted, device)
+        norm = global_norm(counted, self.device)
         clip_by_norm_(flats, norm, self.max_norm)
         for master, flat in zip(opt.single_partition_of_fp32_groups, flats, strict=True):
             master.grad = flat
@@ -116,13 +129,13 @@ class _ZeroOneUpdate:
 class _TorchUpdate:
     """ZeRO stage 0 in fp32: our torch optimizer steps the module's parameters."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-        self.optimizer, self.max_norm = optimizer, max_norm
+    def __init__(self, optimizer: torch.optim.Optimizer, max_norm: float, device: torch.device) -> None:
+        self.optimizer, self.max_norm, self.device = optimizer, max_norm, device
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.counted = [p for p in self.params if counted_in_norm(p)]
 
-    def step(self, device: torch.device) -> torch.Tensor:
-        norm = global_norm([p.grad for p in self.counted if p.grad is not None], device)
+    def step(self) -> torch.Tensor:
+        norm = global_norm([p.grad for p in self.counted if p.grad is not None], self.device)
         clip_by_norm_([p.grad for p in self.params if p.grad is not None], norm, self.max_norm)
         _skipping_unless_finite(self.optimizer, norm)
         for p in self.params:
@@ -151,12 +164,12 @@ class LeanStep:
         self.accumulation = engine.gradient_accumulation_steps()
         optimizer = engine.optimizer
         if isinstance(optimizer, DeepSpeedZeroOptimizer):
-            self.update = _ZeroOneUpdate(optimizer, cfg.gradient_clipping)
+            self.update = _ZeroOneUpdate(optimizer, cfg.gradient_clipping, engine.device)
             for hook in optimizer._grad_acc_hooks:  # its gradient bucketing, which this step replaces
                 hook.remove()
             optimizer._grad_acc_hooks = []
         elif isinstance(optimizer, torch.optim.Optimizer) and clips_in_optimizer(cfg):
-            self.update = _TorchUpdate(optimizer, cfg.gradient_clipping)
+            self.update = _TorchUpdate(optimizer, cfg.gradient_clipping, engine.device)
         else:
             raise ValueError(f"LeanStep: DeepSpeed built a {type(optimizer).__name__}, whose update is its own")
         if not all(group.get("fused") for group in getattr(optimizer, "optimizer", optimizer).param_groups):
@@ -181,7 +194,7 @@ class LeanStep:
                 (loss / self.accumulation).backward()
             total += loss.detach()
         with phase(OPTIMIZER):
-            norm = self.update.step(self.device)
+            norm = self.update.step()
         with phase(LOSS_READOUT):
             loss_value, norm_value = torch.stack([total / self.accumulation, norm]).tolist()
         applied = math.isfinite(norm_value)
