@@ -23,8 +23,6 @@ from deepspeed.runtime.constants import PIPE_REPLICATED
 
 from megatron import mpu
 
-CPU_NORM_BLOCK = 2**14
-
 def clips_in_optimizer(cfg) -> bool:
     """Whether DeepSpeed hands the gradients to our torch optimizer as they are."""
     return (cfg.zero_optimization or {}).get("stage", 0) == 0 and cfg.precision == "fp32"
@@ -45,15 +43,20 @@ def _sum_over(total: torch.Tensor, group: dist.ProcessGroup) -> None:
 
 def global_norm(gradients: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """2-norm (fp32, on the device) of the model's gradient, given the tensors this rank counts
-    (counted_in_norm) summed over data-parallel replicas and tied copies: one multi-tensor norm, the squares
-    summed over the tensor- and pipeline-parallel ranks.
+    (counted_in_norm) summed over data-parallel replicas and tied copies: one multi-tensor norm (on a GPU), the
+    squares summed over the tensor- and pipeline-parallel ranks.
 
-    A GPU's norm kernel sums each block of 64k elements in a tree; torch's CPU kernel sums a whole tensor in
-    one running fp32 sum (relative error 1e-3 at 20M elements), so there the tensors go in as blocks of 16k."""
-    if device.type == "cpu":
-        gradients = [block for gradient in gradients for block in gradient.reshape(-1).split(CPU_NORM_BLOCK)]
-    squares = (torch.stack(torch._foreach_norm(gradients)).float().square().sum() if gradients
-               else torch.zeros((), device=device))
+    A GPU's norm kernel sums each block of a tensor in a tree. torch's CPU kernel sums a whole tensor in one
+    running fp32 sum per vector lane (relative error 1e-3 at 20M elements), so there each tensor's rows are normed
+    (a parameter's rows are short; its 1-D tensors are small) and their squares summed by torch.sum's cascade."""
+    if not gradients:
+        squares = torch.zeros((), device=device)
+    elif device.type == "cpu":
+        rows = [torch.linalg.vector_norm(g.reshape(-1, g.shape[-1]) if g.dim() > 1 else g.reshape(1, -1), dim=-1)
+                for g in gradients]
+        squares = torch.cat(rows).square().sum()
+    else:
+        squares = torch.stack(torch._foreach_norm(gradients)).float().square().sum()
     _sum_over(squares, mpu.get_tensor_parallel_group())
     _sum_over(squares, mpu.get_pipe_parallel_group())
     return squares.sqrt()

@@ -9,11 +9,11 @@ the same storage, owned by the same engine:
     per micro-batch  the engine's module forward, the loss, backward of loss / accumulation steps (autograd
                      sums the micro-batches' gradients in each parameter's .grad, in the model's dtype,
                      as DeepSpeed's ZeRO-1 does when no separate accumulation dtype is configured)
-    at the boundary  ZeRO-1: the gradients into one fp32 buffer per parameter group laid out as its fp32
-                     master partition (one multi-tensor copy); the global norm (gradient_clipping.py: one
-                     multi-tensor norm in fp32, no float64 copy); DeepSpeed's clipping rule on the device;
-                     AdamW (skipped on the device when the norm is not finite, where DeepSpeed skips it after
-                     reading the norm); ZeRO-1: the masters copied into the model's flat weights
+    at the boundary  the global norm (gradient_clipping.py: one multi-tensor norm in fp32, no float64 copy);
+                     DeepSpeed's clipping rule on the device; AdamW on the fp32 masters, each parameter's view of
+                     DeepSpeed's flat partition and moments (bf16 gradients widened to fp32 first, one
+                     multi-tensor copy), skipped on the device when the norm is not finite, where DeepSpeed
+                     skips it after reading the norm; the masters copied into the model's flat weights
     read back        the step's mean loss and the norm, in one transfer: the step's only wait for the device
 
 Everything else stays DeepSpeed's: the model, the fp32 masters and Adam's moments live in its engine and
@@ -36,6 +36,7 @@ import torch
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from torch._utils import _unflatten_dense_tensors
 
+from megatron.checkpoint.engine_optimizer import step_tensor
 from megatron.training.gradient_clipping import clip_by_norm_, clips_in_optimizer, counted_in_norm, global_norm
 from megatron.training.phases import BACKWARD, DATA, FORWARD, LOSS_READOUT, OPTIMIZER, phase
 from megatron.training.step import lm_loss
@@ -65,65 +66,97 @@ def lean_step_problem(cfg, data_parallel_size: int) -> str | None:
 
 
 class _ZeroOneUpdate:
-    """DeepSpeed's ZeRO stage 1 optimizer's update on one data-parallel rank, on its own buffers.
-
-    The fp32 gradient buffers are allocated at each step, when the activations are gone, as DeepSpeed allocates
-    its flat partition, except on a CPU: there an allocation this large is a fresh mapping whose first touch
-    faults in every page, so the buffers are kept (a GPU's caching allocator reuses its blocks)."""
+    """DeepSpeed's ZeRO stage 1 optimizer's update on one data-parallel rank, on its own flat fp32 masters and Adam
+    state, run as torch's fused AdamW kernel on each parameter's view of them: element for element the update
+    DeepSpeed's step runs on the whole flat partition (the kernel's arithmetic is per element), without first
+    flattening the gradients into the partition's layout. Gradients in fp32 go in as autograd left them; bf16 ones
+    are widened into fp32 buffers first (allocated at each step, when the activations are gone, as DeepSpeed
+    allocates its flat partition; kept on a CPU, where an allocation this large is a fresh mapping whose first
+    touch faults in every page, while a GPU's caching allocator reuses its blocks)."""
 
     def __init__(self, optimizer: DeepSpeedZeroOptimizer, max_norm: float, device: torch.device) -> None:
         self.optimizer, self.max_norm, self.device = optimizer, max_norm, device
-        self.kept: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        self.params = []   # per group: the trained parameters, in their order in the flat buffer
-        self.covered = []  # per group: how many leading elements of the flat buffer they fill (the rest is padding)
+        self.groups = []  # per group: the trained parameters, in their order in the flat partition
         for i, flat in enumerate(optimizer.bit16_groups_flat):
             params = optimizer.bit16_groups[i]
             offsets = [(p.data_ptr() - flat.data_ptr()) // p.element_size() for p in params]
-            expected = [sum(p.numel() for p in params[:k]) for k in range(len(params))]
-            if offsets != expected or optimizer.partition_size[i] != flat.numel():
+            if offsets != [sum(p.numel() for p in params[:k]) for k in range(len(params))] or (
+                    optimizer.partition_size[i] != flat.numel()):
                 raise ValueError(f"ZeRO parameter group {i} is not laid out as one rank's unpadded flat partition")
-            self.params.append(params)
-            self.covered.append(sum(p.numel() for p in params))
-        self.all_params = [p for params in self.params for p in params]
-        self.everything_counted = all(counted_in_norm(p) for p in self.all_params)
-        self.counted = [counted_in_norm(p) for params in self.params for p in params]
+            self.groups.append(params)
+        self.params = [p for params in self.groups for p in params]
+        self.counted = [counted_in_norm(p) for p in self.params]
+        self.widened = self.params[0].dtype != torch.float32
+        self.kept_buffers: list[torch.Tensor] | None = None
+        self.views: dict[tuple[int, str], list[torch.Tensor]] = {}
 
-    def _buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per group an fp32 buffer of its partition's size, zero past its parameters; each parameter's view."""
-        if self.kept is not None:
-            return self.kept
-        flats, views = [], []
-        for params, covered, size in zip(self.params, self.covered, self.optimizer.partition_size, strict=True):
-            flat = torch.empty(size, dtype=torch.float32, device=self.device)
-            flat[covered:].zero_()
-            flats.append(flat)
-            views += _unflatten_dense_tensors(flat[:covered], params)
+    def _fp32_gradient_buffers(self) -> list[torch.Tensor]:
+        """One fp32 tensor per trained parameter, views of a buffer per group."""
+        if self.kept_buffers is not None:
+            return self.kept_buffers
+        views = []
+        for params in self.groups:
+            flat = torch.empty(sum(p.numel() for p in params), dtype=torch.float32, device=self.device)
+            views += _unflatten_dense_tensors(flat, params)
         if self.device.type == "cpu":
-            self.kept = flats, views
-        return flats, views
+            self.kept_buffers = views
+        return views
+
+    def _views(self, index: int, name: str, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter of group `index`'s view of `flat` (its master partition or an Adam moment of it), made
+        again only when the tensor behind it is another (a checkpoint loaded into the optimizer)."""
+        key = (index, name)
+        cached = self.views.get(key)
+        if cached is None or cached[0].data_ptr() != flat.data_ptr():
+            cached = self.views[key] = list(_unflatten_dense_tensors(flat, self.groups[index]))
+        return cached
+
+    def _state(self, master: torch.Tensor, group: dict) -> dict:
+        """The Adam state of flat partition `master`, created as torch's fused AdamW creates it at its first step."""
+        inner = self.optimizer.optimizer
+        if master not in inner.state:
+            inner.state[master] = {"step": step_tensor(0, group, master),
+                                   "exp_avg": torch.zeros_like(master, memory_format=torch.preserve_format),
+                                   "exp_avg_sq": torch.zeros_like(master, memory_format=torch.preserve_format)}
+        return inner.state[master]
 
     def step(self) -> torch.Tensor:
         """The update from the parameters' accumulated .grad; returns the global norm (a device tensor)."""
         opt = self.optimizer
-        flats, views = self._buffers()
-        grads = [p.grad for p in self.all_params]
-        if any(grad is None for grad in grads):  # no part in this step's forward: a zero gradient, as DeepSpeed's
-            grads = [torch.zeros_like(p) if grad is None else grad for p, grad in zip(self.all_params, grads)]
-        torch._foreach_copy_(views, grads)
-        counted = flats if self.everything_counted else [v for v, c in zip(views, self.counted) if c]
-        norm = global_norm(counted, self.device)
-        clip_by_norm_(flats, norm, self.max_norm)
-        for master, flat in zip(opt.single_partition_of_fp32_groups, flats, strict=True):
-            master.grad = flat
-        _skipping_unless_finite(opt.optimizer, norm)
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]  # unused: zero, as DeepSpeed
+        if self.widened:
+            fp32_grads = self._fp32_gradient_buffers()
+            torch._foreach_copy_(fp32_grads, grads)
+            grads = fp32_grads
+        norm = global_norm([g for g, counted in zip(grads, self.counted) if counted], self.device)
+        clip_by_norm_(grads, norm, self.max_norm)
+        found_inf = (~torch.isfinite(norm)).float()
+        first = 0
+        for index, (master, group) in enumerate(zip(opt.single_partition_of_fp32_groups, opt.optimizer.param_groups,
+                                                    strict=True)):
+            state, count = self._state(master, group), len(self.groups[index])
+            _fused_adamw(self._views(index, "master", master), grads[first:first + count],
+                         self._views(index, "exp_avg", state["exp_avg"]),
+                         self._views(index, "exp_avg_sq", state["exp_avg_sq"]), state["step"], group, found_inf)
+            first += count
         opt._lazy_init_hp_params_optimizer_state()  # DeepSpeed links each parameter to its Adam state once
-        for master in opt.single_partition_of_fp32_groups:
-            master.grad = None
         torch._foreach_copy_([partitions[0] for partitions in opt.parallel_partitioned_bit16_groups],
                              opt.single_partition_of_fp32_groups)
-        for p in self.all_params:
+        for p in self.params:
             p.grad = None
         return norm
+
+
+def _fused_adamw(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                 exp_avg_sqs: list[torch.Tensor], step: torch.Tensor, group: dict, found_inf: torch.Tensor) -> None:
+    """What torch.optim.AdamW(fused=True).step() runs for one parameter group, for tensors sharing one step count:
+    the count advanced once, the kernel (which skips everything when found_inf is 1), the count set back then."""
+    beta1, beta2 = group["betas"]
+    step.add_(1)
+    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [step] * len(params), amsgrad=False,
+                        lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
+                        eps=group["eps"], maximize=group["maximize"], grad_scale=None, found_inf=found_inf)
+    step.sub_(found_inf)
 
 
 class _TorchUpdate:
