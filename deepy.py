@@ -11,9 +11,8 @@ the files the run reads (launch/preflight.py); a run whose checkpoint already re
 launched (it says so and exits 0). The config is printed once, with a warning per optimizer or data
 key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.py), and
 passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
-stops (launch/supervise.py). On this machine, the shared-memory buffers DeepSpeed's
-CPU collectives leave on master_port are removed (host/shm_buffers.py), and DeepSpeed's compiled op is
-kept with this Python environment (host/extension_cache.py). `launcher` picks how ranks
+stops (launch/supervise.py). DeepSpeed's compiled ops are kept with this Python environment
+(host/extension_cache.py). `launcher` picks how ranks
 start (docs/cluster.md): DeepSpeed's runner (pdsh, the default: `num_gpus`
 local processes, or the hosts of a hostfile), srun (slurm) or mpirun
 (openmpi, mpich).
@@ -23,30 +22,25 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 from pathlib import Path
 
-
-def _stopped_before_launch(number: int, frame) -> None:
-    """Ctrl-C (or SIGTERM) while deepy.py imports and checks: one line and 128+N, not a traceback; once the ranks
-    start, megatron/launch/supervise.py takes the signals over."""
-    print("deepy.py: stopped at your request, before any process started", file=sys.stderr, flush=True)
-    sys.exit(128 + number)
-
+from megatron.cli import stop_at_once_while_starting
 
 if __name__ == "__main__":  # before the imports below, which take seconds
-    for _number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(_number, _stopped_before_launch)
+    # Ctrl-C (or SIGTERM) while deepy.py imports and checks: one line and 128+N, at once (megatron/cli.py); from
+    # the launch on, megatron/launch/supervise.py takes the signals over.
+    stop_at_once_while_starting("deepy.py", "before any process started")
 
 from megatron.config import ConfigError, inactive_keys, slow_keys  # noqa: E402
 from megatron.config.argument import encode_config  # noqa: E402
+from megatron.config.loader import keys_set  # noqa: E402
 from megatron.config.run_inputs import INFERENCE_SCRIPTS  # noqa: E402
 from megatron.config.validate import raise_if_any  # noqa: E402
 from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa: E402
+from megatron.growth.notes import launch_notes as growth_notes  # noqa: E402
 from megatron.host.build_locks import remove_stale_build_locks  # noqa: E402
-from megatron.host.extension_cache import compile_note, use_environment_cache  # noqa: E402
-from megatron.host.shm_buffers import remove_port_buffers  # noqa: E402
+from megatron.host.extension_cache import use_environment_cache  # noqa: E402
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size  # noqa: E402
 from megatron.launch.preflight import (launches_here, nothing_left_to_train, preflight_notes,  # noqa: E402
                                        preflight_problems)
@@ -81,10 +75,11 @@ def main(argv: list[str]) -> int:
         check_launcher(cfg, slots)
         check_reachable(cfg, slots)
         raise_if_any(preflight_problems(cfg, slots))
+        done = nothing_left_to_train(cfg)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    if done := nothing_left_to_train(cfg):
+    if done:
         print(f"deepy.py: {done}", flush=True)
         return 0
     print(cfg.format(), flush=True)
@@ -93,23 +88,16 @@ def main(argv: list[str]) -> int:
     for key, why in slow_keys(cfg, device):
         print(f"note: {key}: {why}", flush=True)
     if Path(script).name not in INFERENCE_SCRIPTS:
-        for note in preflight_notes(cfg):
+        for note in [*preflight_notes(cfg), *growth_notes(cfg, keys_set(files, overrides))]:
             print(f"note: {note}", flush=True)
         for warning in resume_warnings(cfg):
             print(f"warning: {warning}", flush=True)
-    if launches_here(cfg, slots) and (note := compile_note(cache, device)):
-        print(note, flush=True)
     command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
     print(f"launching {world_size(slots)} processes: {shlex.join(command[:-1])} <config>", flush=True)
     here = launches_here(cfg, slots)
     if here:  # the ranks need not detect it again, each warning "Setting accelerator to CPU" on a CPU machine
         os.environ.setdefault("DS_ACCELERATOR", device)
-    if here:
-        remove_port_buffers(cfg.master_port)  # a killed run's, on this port found free
-    code = run_launcher(command, script)
-    if here:
-        remove_port_buffers(cfg.master_port)  # those of ranks that did not end normally
-    return code
+    return run_launcher(command, script)
 
 
 if __name__ == "__main__":

@@ -241,8 +241,10 @@ def gpt_neox_model(args):
     import torch
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
+    from megatron.model.spec import layer_token_count
+
     d = args.hidden_size
-    pattention_parameters = 2 * d * (3 * args.qkv_slot_num + args.proj_slot_num + args.ffn_slot_num)
+    pattention_parameters = 2 * d * layer_token_count(vars(args))
     config = GPTNeoXConfig(
         vocab_size=args.padded_vocab_size, hidden_size=d, num_hidden_layers=args.num_layers,
         num_attention_heads=args.num_attention_heads, intermediate_size=round((pattention_parameters - 4 * d * d)
@@ -435,7 +437,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    options = parser.parse_args(argv)
+    if options.set and options.child is None:  # one line here, not a child's traceback after the data is built
+        from megatron.config import ConfigError
+        from megatron.config.loader import parse_override
+        from megatron.config.validate import check_keys
+
+        try:  # each key and value alone: how they combine with a variant's own settings is the child's to check
+            check_keys(dict(map(parse_override, options.set)), {})
+        except ConfigError as error:
+            parser.exit(2, f"{parser.prog}: error: --set: {error}\n")
+    return options
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,10 +18,11 @@ stopping the rest, each in the report:
                  target's denominator), each layer compiled, DeepSpeed's step (lean_step false), the plain loop
                  (reported beside), the config's checkpoint_activations (MFU and HFU); the breakdown of each step
                  by phase and the decision table of the levers
-    kernels      benchmarks.gpu_pattention --no-steps --profile --blocks-sweep: fused and flash forward+backward
-                 against the six GEMMs at the paper configs' shapes, 16k tokens, with flash's peak memory over
-                 fused's, flash at 1-5B shapes with its input rows in 2 to 16 blocks, and the profiler's kernel
-                 table of each at the 1-5B FFN shape
+    kernels      benchmarks.gpu_pattention --no-steps --profile --tiles-sweep --blocks-sweep: fused and flash
+                 forward+backward against the six GEMMs at the paper configs' shapes, 16k tokens, with flash's peak
+                 memory over fused's, the kernels each launches a call, flash's Triton kernels (l2 Θ) at 1-5B
+                 shapes with each tile configuration, its blocks (softmax) with the input rows in 2 to 16 blocks,
+                 and the profiler's kernel table of each at the 1-5B FFN shape
     training     python deepy.py train.py configs/1-5B.yml at 4 layers (full width and vocabulary), one GPU,
                  NCCL, DeepSpeed ZeRO-1, bf16, micro-batch 8 of 2048 tokens, on data and a 50,277-token
                  tokenizer made here: flash and fused for 30 iterations each, whose tokens/s, TFLOP/s per GPU, MFU
@@ -34,6 +35,9 @@ stopping the rest, each in the report:
     gpu-tests    pytest -m gpu: compiled Triton flash against plain, the model on CUDA against the CPU
     max-batch    benchmarks.max_micro_batch: the largest micro-batch of the full 1-5B config at sequence 2048,
                  fused and flash, against the memory model's prediction
+    cluster-check  cluster_check.py's one-device sections (environment, golden, throughput) through deepy.py on
+                 configs/1-5B.yml at the training runs' depth: the golden curve reproduced on the device, tokens/s,
+                 MFU and peak memory against the memory model at its micro-batch (docs/cluster.md)
     report       gpu_check.json and gpu_check.md under --out (default $OUT, else ./gpu_check_out), the targets of
                  issues 39 and 40 met or missed, and a short table printed last
 
@@ -231,7 +235,7 @@ def run_benchmark(check: Check, result: StepResult, module: str, arguments: list
 
 def step_kernels(check: Check, result: StepResult) -> None:
     ran = run_benchmark(check, result, "benchmarks.gpu_pattention",
-                        ["--no-steps", "--profile", "--blocks-sweep", "--repeats", "5"], 240)
+                        ["--no-steps", "--profile", "--tiles-sweep", "--blocks-sweep", "--repeats", "5"], 240)
     if ran is None:
         return
     data, output = ran
@@ -239,11 +243,13 @@ def step_kernels(check: Check, result: StepResult) -> None:
     wide = [r for r in data["kernels"] if r["n"] >= 4 * r["d"]]
     data["flash_over_gemms_1_5B"] = sum(r["flash"] for r in largest) / sum(r["gemms"] for r in largest)
     data["peak_flash_over_fused_n_ge_4d"] = max(r["peak"] for r in wide)
-    data["table"] = tail(output.split("flash, l2_norm_gelu")[0], 40)
+    data["table"] = tail(output.split("flash, l2_norm_gelu")[0], 60)
     result.details = data
+    launches = "; ".join(f"{r['norm']} launches flash {sum(r['flash'].values())}, fused {sum(r['fused'].values())}"
+                         for r in data.get("launches", []))
     result.summary = (f"flash / six GEMMs: {data['flash_over_gemms']:.2f} overall, "
                       f"{data['flash_over_gemms_1_5B']:.2f} at 1-5B shapes; flash / fused peak memory at n >= 4d "
-                      f"<= {data['peak_flash_over_fused_n_ge_4d']:.2f}")
+                      f"<= {data['peak_flash_over_fused_n_ge_4d']:.2f}; {launches}")
 
 
 def training_overlay(check: Check, data: Path, tokenizer: Path, iterations: int) -> Path:
@@ -377,10 +383,39 @@ def step_max_batch(check: Check, result: StepResult) -> None:
                       f"{flash['largest']} (predicted {flash['predicted']['reserve 0']}): ratio {data['ratio']:.2f}")
 
 
+ONE_DEVICE_SECTIONS = ("environment", "golden", "throughput")  # cluster_check.py's sections one device can run
+
+
+def step_cluster_check(check: Check, result: StepResult) -> None:
+    """cluster_check.py's one-device sections (issue 48) as a user launches them, through deepy.py on one
+    process: configs/1-5B.yml at the training step's reduced depth (a toy model with --cpu-plumbing) on the check's
+    data. The versions and free memory, the repository's golden curve (made on a CPU) reproduced on the device,
+    and tokens/s, MFU and peak memory against the memory model at the micro-batch it gives; its report's table."""
+    from tests.distributed import free_port
+
+    data, tokenizer = write_training_data(check.work / "data")
+    log_dir = check.work / "logs" / "cluster_check"
+    done = check.run([sys.executable, "deepy.py", "cluster_check.py", "configs/1-5B.yml",
+                      str(training_overlay(check, data, tokenizer, 20)),
+                      f"cluster_check_sections=[{', '.join(ONE_DEVICE_SECTIONS)}]", f"log_dir={log_dir}",
+                      f"master_port={free_port()}"], timeout=300)
+    report = log_dir / "cluster_check.md"
+    text = report.read_text() if report.exists() else ""
+    sections = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in text.splitlines()
+                if row.startswith("| ") and row.split("|")[1].strip() in ONE_DEVICE_SECTIONS}
+    result.details = {"sections": sections, "report": text, "output": tail(done.stdout + "\n" + done.stderr, 30),
+                      "table": text.split("\n## ")[0] if text else None}
+    result.summary = ", ".join(f"{name} {status}" for name, status in sections.items()) or (
+        f"deepy.py exited {done.returncode}: no report")
+    if done.returncode != 0 or sorted(sections) != sorted(ONE_DEVICE_SECTIONS):
+        result.status = "failed"
+
+
 # In order of what the open issues need measured first, so a run cut short still brings those back.
 STEPS: dict[str, Callable[[Check, StepResult], None]] = {
     "kit": step_kit, "environment": step_environment, "framework": step_framework, "kernels": step_kernels,
     "training": step_training, "gpu-tests": step_gpu_tests, "max-batch": step_max_batch,
+    "cluster-check": step_cluster_check,
 }
 
 

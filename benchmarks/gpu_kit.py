@@ -44,7 +44,7 @@ TARGET_WHEELS = ["--python-version", "3.12", "--implementation", "cp", "--abi", 
 BUILT_HERE = {"deepspeed": {"DS_BUILD_OPS": "0"}}
 # Packages the image has, but in a version nobody read that may be older than a kit package needs: carried at
 # this venv's version all the same, first on the path there. An import failure of DeepSpeed would cost a whole
-# GPU session; the wheel costs 45 KB.
+# GPU session; the wheel is small.
 CARRIED_OVER_THE_IMAGE = {"typing-extensions": "pydantic 2.14 and pydantic-core 2.50 need >= 4.16.0"}
 
 

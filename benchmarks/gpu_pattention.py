@@ -2,8 +2,8 @@
 training steps of the paper configs at reduced depth, flash vs fused.
 
     .venv/bin/python -m benchmarks.gpu_pattention [--tokens 16384] [--dtype bf16|fp32] [--repeats 10]
-        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--blocks-sweep] [--peak-tflops T]
-        [--json FILE]
+        [--layers 2] [--batch 4] [--configs 150M 1-5B] [--no-steps] [--profile] [--blocks-sweep] [--tiles-sweep]
+        [--peak-tflops T] [--json FILE]
 
 Needs a CUDA device and Triton. Without them it prints one line saying so (stderr) and exits with status 2:
 nothing was measured, which is neither a result (0) nor a failure of the code (1), so a script running it on
@@ -22,10 +22,15 @@ Training steps: each paper config at --layers layers (full width and vocabulary)
 --batch of them per step, bf16 parameters, fused AdamW; a step is forward, the training loss (lm_loss),
 backward and the optimizer step, flash and fused alternating. MFU = tokens/s × training FLOPs per token
 (megatron/model/flops.py, no recomputation) / peak FLOP/s: the fastest bf16 8192² matmul measured here, or
---peak-tflops (e.g. the data sheet's dense bf16 figure).
+--peak-tflops (e.g. the data sheet's dense bf16 figure). The allocator is set up as a training rank's
+(megatron/runtime/entry.py: expandable segments).
 
---blocks-sweep times flash (l2_norm_gelu) at the 1-5B shapes cutting the --tokens input rows into each number of
-blocks of BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
+Flash runs the l2 Θ in its Triton kernels (megatron/model/pattention/flash_triton.py) and softmax in blocks of
+rows (flash.py). "launches" gives the kernels one forward + backward of each launches at the 1-5B FFN shape
+(benchmarks/launches.py). --tiles-sweep times the kernels (l2_norm_gelu) at the 1-5B shapes with each tile
+configuration of TILES_SWEEP, with their peak memory: the figures that set flash_triton.TILES on a GPU.
+--blocks-sweep times the blocks (softmax) cutting the --tokens input rows into each number of blocks of
+BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
 --profile prints torch.profiler's kernel table of one flash and one fused forward + backward (l2_norm_gelu, the
 1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
 measures training through deepy.py instead); --json also writes every row to FILE.
@@ -136,20 +141,86 @@ def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dt
             "peak vs fused pytorch": peaks["flash"] / peaks["fused pytorch"]}
 
 
-# benchmarks/pattention.py's shapes (sized for a CPU) and the largest config's other two, which a GPU can afford.
-LARGEST_CONFIG_SHAPES = [("1-5B q,k,v ×3", 1536, 1536, 3), ("1-5B ffn", 1536, 6144, 1)]
+# benchmarks/pattention.py's configs (sized for a CPU) and the largest, which a GPU can afford.
+GPU_CONFIGS = ("150M", "450M", "1-5B")
 
 
 def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
     """kernel_row for every Θ and shape."""
-    from benchmarks.pattention import NORM_TYPES, SHAPES
+    from benchmarks.pattention import NORM_TYPES, shapes
 
     rows = []
     for norm_type in NORM_TYPES:
-        for shape in [*SHAPES, *LARGEST_CONFIG_SHAPES]:
+        for shape in shapes(GPU_CONFIGS):
             rows.append(kernel_row(norm_type, shape, tokens, dtype, repeats))
             torch.cuda.empty_cache()
     return rows
+
+
+def launch_counts(tokens: int, dtype: torch.dtype) -> list[dict]:
+    """Kernels one forward + backward launches at the 1-5B FFN shape, flash and fused, for each l2 Θ."""
+    from benchmarks.launches import device_launches
+    from benchmarks.pattention import forward_backward
+
+    x, keys, values, grad_out = shape_tensors(LARGEST_CONFIG_SHAPES[-1], tokens, dtype)
+    rows = []
+    for norm_type in ("l2_norm_gelu", "gelu_l2_norm"):
+        row = {"norm": norm_type}
+        for name, function in (("flash", flash), ("fused", fused)):
+            step = forward_backward(function, x, keys, values, norm_type, grad_out)
+            step()  # compiled before it is counted
+            row[name] = dataclasses.asdict(device_launches(step))
+        rows.append(row)
+    return rows
+
+
+# Tile configurations of flash's Triton kernels timed at the largest config's shapes (rows and parameter tokens of
+# a score tile, its reduction step, an output tile's width, warps): the data that sets flash_triton.TILES on a GPU.
+TILES_SWEEP = ((64, 64, 64, 128, 8), (64, 64, 32, 128, 8), (64, 32, 32, 256, 8), (64, 64, 32, 256, 8))
+
+
+def tiles_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
+    """flash's kernels (l2_norm_gelu) at the largest config's shapes with each tile configuration of TILES_SWEEP,
+    and flash's blocks with the Triton tiles on the same Θ ("blocks", what the kernels replaced): time over the
+    six GEMMs' and peak memory (MiB), alternating as the kernel rows do. "default" marks flash_triton.TILES'
+    own."""
+    from benchmarks.pattention import forward_backward, gemms_only
+    from megatron.model.pattention import flash_triton, tiles_triton
+    from megatron.model.pattention.flash import flash_pattentions
+
+    def blocks(x, keys, values, norm_type):
+        return flash_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys], tiles=tiles_triton)
+
+    default = flash_triton.TILES["default"]
+
+    def with_tiles(sizes: tuple, step: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            m, n, k, d, warps = sizes
+            flash_triton.TILES["default"] = flash_triton.Tiles(m, n, k, d, warps=warps)
+            try:
+                step()
+            finally:
+                flash_triton.TILES["default"] = default
+        return run
+
+    results = []
+    for shape in LARGEST_CONFIG_SHAPES:
+        x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
+        steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out)}
+        for sizes in TILES_SWEEP:
+            steps[sizes] = with_tiles(sizes, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
+            steps[sizes]()  # compiled before it is timed
+        steps["blocks"] = forward_backward(blocks, x, keys, values, "l2_norm_gelu", grad_out)
+        times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
+        for sizes in (*TILES_SWEEP, "blocks"):
+            for t in (x, *keys, *values):
+                t.grad = None
+            results.append({"name": shape[0], "tiles": sizes if sizes == "blocks" else "x".join(map(str, sizes[:4])),
+                            "warps": 0 if sizes == "blocks" else sizes[4], "over_gemms": times[sizes] / times["gemms"],
+                            "peak_mib": peak_step_bytes(steps[sizes]) / 2**20,
+                            "default": sizes == (default.m, default.n, default.k, default.d, default.warps)})
+        torch.cuda.empty_cache()
+    return results
 
 
 # Numbers of row blocks flash is timed with at the largest config's shapes: the data that sets flash.BLOCKS (and
@@ -158,9 +229,10 @@ BLOCKS_SWEEP = (2, 4, 8, 16)
 
 
 def blocks_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
-    """flash (l2_norm_gelu) at the largest config's shapes with its input rows cut into each of BLOCKS_SWEEP
-    blocks (MIN_ROWS set aside): its time over the six GEMMs' and its peak memory (MiB), alternating as the
-    kernel rows do. "default" marks the blocks flash cuts at these tokens by its own BLOCKS and MIN_ROWS."""
+    """flash's blocks (softmax, the Θ they run on a GPU) at the largest config's shapes with its input rows cut
+    into each of BLOCKS_SWEEP blocks (MIN_ROWS set aside): its time over the six GEMMs' and its peak memory (MiB),
+    alternating as the kernel rows do. "default" marks the blocks flash cuts at these tokens by its own BLOCKS
+    and MIN_ROWS."""
     from benchmarks.pattention import forward_backward, gemms_only
     from megatron.model.pattention import flash as flash_module
 
@@ -177,12 +249,14 @@ def blocks_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
                 flash_module.BLOCKS, flash_module.MIN_ROWS = settings
         return run
 
+    from benchmarks.pattention import config_shapes
+
     results = []
-    for shape in LARGEST_CONFIG_SHAPES:
+    for shape in config_shapes(GPU_CONFIGS[-1]):
         x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
         steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out)}
         for blocks in BLOCKS_SWEEP:
-            steps[blocks] = with_blocks(blocks, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
+            steps[blocks] = with_blocks(blocks, forward_backward(flash, x, keys, values, "softmax", grad_out))
         times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
         for blocks in BLOCKS_SWEEP:
             for t in (x, *keys, *values):
@@ -193,6 +267,13 @@ def blocks_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
                             "peak_mib": peak_step_bytes(steps[blocks]) / 2**20, "default": rows == default_rows})
         torch.cuda.empty_cache()
     return results
+
+
+def largest_ffn_shape() -> tuple[str, int, int, int]:
+    """The largest config's Pattention with the most tokens (its FFN)."""
+    from benchmarks.pattention import config_shapes
+
+    return max(config_shapes(GPU_CONFIGS[-1]), key=lambda shape: shape[2])
 
 
 def kernel_profile(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype) -> str:
@@ -270,13 +351,19 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also print the GPU kernels of flash and fused at the 1-5B FFN shape (torch.profiler)")
     parser.add_argument("--blocks-sweep", action="store_true",
-                        help=f"also time flash with its input rows in {', '.join(map(str, BLOCKS_SWEEP))} blocks")
+                        help=f"also time flash's blocks (softmax) with the input rows in "
+                             f"{', '.join(map(str, BLOCKS_SWEEP))} blocks")
+    parser.add_argument("--tiles-sweep", action="store_true",
+                        help="also time flash's Triton kernels with each tile configuration of TILES_SWEEP")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     options = parser.parse_args()
     reason = unavailable_reason()
     if reason:
         print(f"benchmarks.gpu_pattention: {reason}", file=sys.stderr)
         sys.exit(UNAVAILABLE_EXIT)
+    from megatron.runtime.entry import use_training_allocator
+
+    use_training_allocator("cuda")  # before the first device call: measured with the allocator training uses
 
     from benchmarks.paper_configs import PAPER_CONFIGS
 
@@ -295,14 +382,27 @@ def main() -> None:
     fused_over_gemms = sum(r["fused"] for r in rows) / sum(r["gemms"] for r in rows)
     flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
     worst = max(r["flash"] / r["gemms"] for r in rows)
+    launches = launch_counts(options.tokens, dtype)
+    print(f"\nlaunches of one forward + backward at {LARGEST_CONFIG_SHAPES[-1][0]} (Triton + torch kernels):")
+    for r in launches:
+        print(f"{r['norm']:<13} flash {r['flash']['triton']} + {r['flash']['torch']}, "
+              f"fused {r['fused']['triton']} + {r['fused']['torch']}")
+    tiles = tiles_sweep(options.tokens, dtype, options.repeats) if options.tiles_sweep else None
+    if tiles:
+        print("\nflash's kernels by tiles (rows x tokens x step x output width; l2_norm_gelu; * = TILES'; blocks: "
+              "flash's blocks of rows, Triton tiles):")
+        print(f"{'layer':<14} {'tiles':>16} {'warps':>5} {'flash/G':>8} {'peak MiB':>9}")
+        for r in tiles:
+            print(f"{r['name']:<14} {r['tiles']:>15}{'*' if r['default'] else ' '} {r['warps'] or '-':>5} "
+                  f"{r['over_gemms']:>8.2f} {r['peak_mib']:>9.0f}")
     sweep = blocks_sweep(options.tokens, dtype, options.repeats) if options.blocks_sweep else None
     if sweep:
-        print(f"\nflash by blocks of the {options.tokens} input rows (BLOCKS; l2_norm_gelu; * = flash's own):")
+        print(f"\nflash by blocks of the {options.tokens} input rows (BLOCKS; softmax; * = flash's own):")
         print(f"{'layer':<14} {'blocks':>7} {'rows':>6} {'flash/G':>8} {'peak MiB':>9}")
         for r in sweep:
             print(f"{r['name']:<14} {r['blocks']:>6}{'*' if r['default'] else ' '} {r['rows']:>6} "
                   f"{r['over_gemms']:>8.2f} {r['peak_mib']:>9.0f}")
-    profiled = kernel_profile("l2_norm_gelu", LARGEST_CONFIG_SHAPES[-1], options.tokens, dtype) \
+    profiled = kernel_profile("l2_norm_gelu", largest_ffn_shape(), options.tokens, dtype) \
         if options.profile else None
     if profiled:
         print(profiled)
@@ -310,7 +410,8 @@ def main() -> None:
         with open(options.json, "w", encoding="utf-8") as stream:
             json.dump({"tokens": options.tokens, "dtype": options.dtype, "kernels": rows,
                        "flash_over_gemms": flash_over_gemms, "fused_over_gemms": fused_over_gemms,
-                       "worst": worst, "blocks_sweep": sweep, "profile": profiled}, stream, indent=1)
+                       "worst": worst, "launches": launches, "tiles_sweep": tiles, "blocks_sweep": sweep,
+                       "profile": profiled}, stream, indent=1)
     if options.no_steps:
         print(f"ratio: flash (Triton) Pattention time / six GEMMs = {flash_over_gemms:.2f} (all shapes and Θ; worst "
               f"{worst:.2f}); fused {fused_over_gemms:.2f}")

@@ -23,12 +23,12 @@ from pathlib import Path
 import yaml
 
 from megatron.config import load_config  # no torch: this process's memory stays small
+from megatron.model.spec import layer_token_count, slot_keys
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "1-5B.yml"
 # GPT-NeoX-20B's tokenizer (50,277 ids) padded to a multiple of 128; CPU training runs bf16, not fp16.
 ON_CPU = {"padded_vocab_size": 50304, "fp16": {"enabled": False}, "bf16": {"enabled": True}}
-SLOT_KEYS = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num")
 ITERATION = 1000
 GIB = 2**30
 
@@ -60,7 +60,7 @@ def measure(command: list[str]) -> tuple[float, float, float]:
 
 def parameters(config, slots: dict[str, int]) -> int:
     """The model's parameter count with these slot counts (embedding and Pattentions; norms are negligible)."""
-    per_layer = 2 * config.hidden_size * (3 * slots["qkv_slot_num"] + slots["proj_slot_num"] + slots["ffn_slot_num"])
+    per_layer = 2 * config.hidden_size * layer_token_count(slots)
     return config.padded_vocab_size * config.hidden_size + config.num_layers * per_layer
 
 
@@ -87,11 +87,11 @@ def run(args: argparse.Namespace) -> None:
     source_values = {**ON_CPU, "num_gpus": args.data_parallel}
     (work / "source.yml").write_text(yaml.safe_dump(source_values), encoding="utf-8")
     config = load_config([args.config, work / "source.yml"], world_size=args.data_parallel)
-    grown_slots = {key: getattr(config, key) * args.factor for key in SLOT_KEYS}
+    grown_slots = {key: getattr(config, key) * args.factor for key in slot_keys()}
     (work / "target.yml").write_text(yaml.safe_dump({**source_values, **grown_slots}), encoding="utf-8")
     source, copy, grown = work / "source", work / "copy", work / "grown"
     # bf16 weights + fp32 masters + 2 moments in the source; fp32 weights + 2 moments written by the tool
-    source_bytes = 14 * parameters(config, {key: getattr(config, key) for key in SLOT_KEYS})
+    source_bytes = 14 * parameters(config, {key: getattr(config, key) for key in slot_keys()})
     needed = source_bytes + max(source_bytes, 12 * parameters(config, grown_slots)) + 5 * GIB
     if shutil.disk_usage(work).free < needed:
         raise SystemExit(f"{work}: {shutil.disk_usage(work).free / GIB:.0f} GiB free, the benchmark needs "
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> None:
         shutil.rmtree(destination)
 
     print(f"\nsource: {args.config.name}, {config.num_layers} layers, hidden {config.hidden_size}, slots "
-          f"{'/'.join(str(getattr(config, key)) for key in SLOT_KEYS)}, bf16, ZeRO-1 over {args.data_parallel} "
+          f"{'/'.join(str(getattr(config, key)) for key in slot_keys())}, bf16, ZeRO-1 over {args.data_parallel} "
           f"ranks, {size(source) / GIB:.1f} GiB; grown x{args.factor} (slots "
           f"{'/'.join(map(str, grown_slots.values()))}) in the same layout\n")
     print("| operation | seconds | written (GiB) | peak RSS (GiB) | peak anonymous (GiB) |")

@@ -8,7 +8,8 @@ of its seq_length, no activation checkpointing; beside it the optimizer states a
 master weights and Adam's two moments, 12 bytes a parameter) are allocated, so that the device holds what the
 memory model's max_micro_batch counts at data-parallel size 1. A micro-batch fits when its forward, lm_loss and
 backward run without running out of device memory; the search doubles until one does not, then bisects. The
-prediction is max_micro_batch with no reserve (everything the formula counts) and with its usual 10 %.
+prediction is max_micro_batch with no reserve (everything the formula counts) and with its usual 10 %. The
+allocator is set up as a training rank's (megatron/runtime/entry.py: expandable segments).
 
 Needs a CUDA device: without one it says so on one line and exits 2 (nothing measured).
 """
@@ -97,6 +98,9 @@ def main() -> None:
         print("benchmarks.max_micro_batch: needs a CUDA device (torch.cuda.is_available() is False); nothing "
               "measured", file=sys.stderr)
         sys.exit(UNAVAILABLE_EXIT)
+    from megatron.runtime.entry import use_training_allocator
+
+    use_training_allocator("cuda")  # before the first device call: measured with the allocator training uses
     rows = [measure(options.config, options.layers, impl, options.max) for impl in ("fused", "flash")]
     print(f"{options.config}, {rows[0]['layers']} layers, bf16, no checkpointing, one GPU "
           f"({rows[0]['device_bytes'] / 2**30:.0f} GiB) with ZeRO-1 states at data-parallel size 1")

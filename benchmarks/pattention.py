@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.pattention [--tokens 1024] [--repeats 5] [--threads N] [--clock wall|cpu]
         [--baseline OTHER_VERSION/megatron/model/pattention/fused.py] [--proxy-only]
 
-Shapes are the paper configs' Pattention layers (width d, n parameter tokens) for `--tokens` input
-tokens (a micro-batch slice that fits this CPU); "×3" is attention's Q, K and V run as one fused node.
+Shapes are the Pattention layers of the paper configs CPU_CONFIGS (width d, n parameter tokens) for `--tokens`
+input tokens (a micro-batch slice that fits this CPU); "×3" is attention's Q, K and V run as one fused node.
 The GEMM-only baseline runs exactly the six matrix products a Pattention needs (forward X·Kᵀ and S·V;
 backward dY·Vᵀ, Sᵀ·dY, dA·K and dAᵀ·X) with no normalisation: the limit any implementation can reach.
 The variants alternate and each keeps its fastest run (benchmarks/timing.py); flash is the blockwise
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,18 +39,31 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.activation_memory import peak_activation_bytes, saved_activation_bytes
 from benchmarks.timing import add_arguments, fastest
+from megatron.cli import positive_int
 from megatron.model.pattention import flash as flash_module
 from megatron.model.pattention import pattention, pattentions_function
 from megatron.model.pattention.fused import fused_pattentions
+from megatron.model.spec import layer_pattentions
 
 NORM_TYPES = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
-SHAPES = [  # (name, d, n, Pattentions of one input)
-    ("150M qkv/proj", 768, 768, 1),
-    ("150M q,k,v ×3", 768, 768, 3),
-    ("150M ffn", 768, 3072, 1),
-    ("450M ffn", 1024, 4096, 1),
-    ("1-5B qkv/proj", 1536, 1536, 1),
-]
+CPU_CONFIGS = ("150M", "450M")  # the paper configs whose Pattentions this CPU times
+
+
+def config_shapes(config: str) -> list[tuple[str, int, int, int]]:
+    """(name, d, n, Pattentions of one input) for the Pattentions megatron/model/spec.py declares, at paper config
+    `config`'s sizes: those under one module with one token-count key read one input and run as one node
+    (attention's Q, K and V: "×3")."""
+    from benchmarks.paper_configs import paper_args
+
+    args = paper_args(config)
+    groups = Counter((spec.path.rpartition(".")[0], spec.slot_key) for spec in layer_pattentions())
+    return [(f"{config} {slot_key.removesuffix('_slot_num')}" + (f" ×{count}" if count > 1 else ""),
+             args.hidden_size, getattr(args, slot_key), count) for (_, slot_key), count in groups.items()]
+
+
+def shapes(configs: tuple[str, ...] = CPU_CONFIGS) -> list[tuple[str, int, int, int]]:
+    """config_shapes of each of `configs`."""
+    return [shape for config in configs for shape in config_shapes(config)]
 
 
 def tensors(tokens: int, d: int, n: int, count: int) -> tuple[torch.Tensor, list, list, torch.Tensor]:
@@ -195,7 +209,7 @@ def print_host_proxy(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--tokens", type=positive_int, default=1024, help="input tokens of each layer's timing")
     parser.add_argument("--baseline", type=Path, help="another version's megatron/model/pattention/fused.py "
                         "(before the subpackage: megatron/model/pattention.py): its fused_pattention is timed too, "
                         "alternating with the others (column base/G)")
@@ -220,7 +234,7 @@ def main() -> None:
     total = {"gemms": 0.0, "fused": 0.0, "flash": 0.0}
     worst = {"time": 0.0, "flash time": 0.0, "saved": 0.0, "peak": 0.0, "flash peak n>=4d": 0.0}
     for norm_type in NORM_TYPES:
-        for name, d, n, count in SHAPES:
+        for name, d, n, count in shapes():
             x, keys, values, grad_out = tensors(args.tokens, d, n, count)
             fused_step = forward_backward(fused, x, keys, values, norm_type, grad_out)
             steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out),

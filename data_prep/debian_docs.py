@@ -1,4 +1,4 @@
-"""English text from the documentation Debian packages install: a corpus for the scaling study (issue 19).
+"""English text from the documentation Debian packages install: a corpus for the scaling study.
 
     python data_prep/debian_docs.py --out data/debian_docs [--vocab-size 4096] [--max-mb 40] [--workers 2]
 

@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Iterator
 
 # Run as `python data_prep/demo_corpus.py` from anywhere: make the repository's `megatron` importable.
+from megatron.cli import one_line_errors
 from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
 from megatron.data.preprocess import output_prefix_for, preprocess_corpus
 from megatron.tokenizer.hf_tokenizer import HFTokenizer
@@ -135,6 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@one_line_errors("demo_corpus.py")
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.time()

@@ -5,16 +5,19 @@
 
 Every person (a made-up name, one word) has one value of each attribute of ATTRIBUTES (a birthplace, a job, a
 colour, a pet), drawn at random from `--values` made-up words per attribute. A document is a run of sentences,
-each stating one attribute of one person, picked uniformly, in the attribute's template ("ruvotasel born kemara
-."). Nothing about a person can be inferred from anything else, so a model lowers its loss on the value words
-only by storing the facts: the second capacity-bound task of the growth study (issue 41), closer to text than the
-Markov source (data_prep/markov_corpus.py): words, sentences whose form a small model learns as well as a large
-one, and facts (deterministic, one per sentence) that only capacity holds.
+each a uniform pick of a person and of a template among all the attributes' templates (an attribute with more
+templates is stated more often), stating that attribute of that person ("ruvotasel born kemara ."). Nothing about
+a person can be inferred from anything else, so a model lowers its loss on the value words only by storing the
+facts: the growth study's second task, closer to text than the Markov source
+(data_prep/markov_corpus.py). Whether it measures capacity depends on its size: with fewer fact bits
+(`fact_bits` in OUT/knowledge_source.json) than the smallest model can hold, every model can store every fact,
+and a loss after a fixed number of steps measures how fast facts are stored, not how many fit (docs/growth.md
+says which the study's setting measures).
 
-The templates are telegraphic, the value right after the name and the attribute's word: with the sentences of
-longer templates ("the birthplace of ruvotasel is kemara .", two or three words between name and value) no
-model of the study's sizes learned a single fact within its 750 steps (benchmarks/RESULTS.md, issue 41), as
-retrieving a name a few words back is learned late; the study measures storing, not that.
+The templates are telegraphic, the value right after the name and the attribute's word, because the study
+measures storing facts: retrieving a name a few words back ("the birthplace of ruvotasel is kemara .") is
+learned late, so small models trained briefly show no fact learned at all (benchmarks/RESULTS.md, "Growth
+ablation").
 
 The loss of a model that knows every fact is the entropy of what stays random (which sentence, which person:
 `floor_nats`, per token, written to OUT/knowledge_source.json); one that knows none pays ln(values) more on each
@@ -40,8 +43,8 @@ from megatron.data.preprocess import output_prefix_for
 from megatron.tokenizer.hf_tokenizer import EOD_TOKEN
 
 NAME = "knowledge"
-# attribute -> its templates; NAME stands for the person's name, VALUE for the attribute's value. One each, as
-# longer ones were not learned at the study's sizes (above); a template of more words can be added to a tuple.
+# attribute -> its templates; NAME stands for the person's name, VALUE for the attribute's value. One each,
+# short (above); a template of more words can be added to a tuple.
 ATTRIBUTES = {
     "birthplace": ("NAME born VALUE .",),
     "job": ("NAME works VALUE .",),
@@ -86,11 +89,12 @@ def world(people: int, values: int, seed: int):
     return names, attribute_values, facts
 
 
-def templates_as_ids(ids: dict[str, int]) -> list[np.ndarray]:
-    """Each (attribute, template), in ATTRIBUTES' order, as token ids: -1 for the name, -3 the value."""
+def templates_as_ids(ids: dict[str, int]) -> list[tuple[int, np.ndarray]]:
+    """Each (attribute, template), in ATTRIBUTES' order: the attribute's index and the template as token ids (-1
+    for the name, -3 the value). An attribute may have any number of templates."""
     slots = {"NAME": [-1], "VALUE": [-3]}
-    return [np.array([i for word in template.split() for i in slots.get(word, [ids.get(word)])])
-            for options in ATTRIBUTES.values() for template in options]
+    return [(attribute, np.array([i for word in template.split() for i in slots.get(word, [ids.get(word)])]))
+            for attribute, options in enumerate(ATTRIBUTES.values()) for template in options]
 
 
 def stream(count: int, facts: np.ndarray, ids: dict[str, int], names: list[str], values: dict[str, list[str]],
@@ -98,17 +102,15 @@ def stream(count: int, facts: np.ndarray, ids: dict[str, int], names: list[str],
     """`count` sentences, each about a uniform person in a uniform (attribute, template), one after the other:
     (token ids, each sentence's start). Built template by template, without a loop over sentences."""
     templates = templates_as_ids(ids)
-    per_attribute = len(templates) // len(ATTRIBUTES)
     people, chosen = rng.integers(0, len(facts), count), rng.integers(0, len(templates), count)
-    lengths = np.array([len(t) for t in templates])[chosen]
+    lengths = np.array([len(t) for _, t in templates])[chosen]
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     out = np.empty(int(lengths.sum()), dtype=np.int64)
     name_ids = np.array([ids[word] for word in names])
     value_ids = np.array([[ids[word] for word in values[attribute]] for attribute in ATTRIBUTES])
-    for index, template in enumerate(templates):
+    for index, (attribute, template) in enumerate(templates):
         which = np.flatnonzero(chosen == index)
         who = people[which]
-        attribute = index // per_attribute
         fill = {-1: name_ids[who], -3: value_ids[attribute, facts[who, attribute]]}
         block = np.repeat(template[None, :], len(which), axis=0)
         for slot, column in fill.items():

@@ -6,7 +6,7 @@ Every context (the two tokens before) has SUCCESSORS next tokens drawn at random
 fixed probabilities PROBABILITIES. Nothing in the table is shared between contexts, so a model lowers its loss
 only by storing more of it: the source's entropy rate (written to OUT/markov_source.json) is the loss of a model
 that stored all of it, ln(vocab) that of one that stored nothing, and how far between a model ends says how much
-it holds. This is the regime the growth study needs (issue 28): the part of language modelling that scales with
+it holds. This is the regime the growth study needs: the part of language modelling that scales with
 parameters (memorising associations: n-grams, names, facts) without the part a small model learns as well as a
 large one. With the default 64 tokens the table has 4,096 contexts (about 95k bits).
 
@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
+from megatron.cli import one_line_errors
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, data_file_path, index_file_path
 from megatron.data.preprocess import output_prefix_for
 from megatron.tokenizer.hf_tokenizer import EOD_TOKEN
@@ -90,6 +91,7 @@ def build(out: Path, vocab: int, tokens: int, seed: int) -> str:
     return prefix
 
 
+@one_line_errors("markov_corpus.py")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)

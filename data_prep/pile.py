@@ -6,8 +6,8 @@
 --input is the Pile's directory: train/00.jsonl.zst ... train/29.jsonl.zst,
 val.jsonl.zst and test.jsonl.zst. Nothing is downloaded. What to expect with
 the GPT-NeoX-20B tokenizer: about 210M training documents and 300B tokens, a
-~600 GB pile_train_text_document.bin (uint16) with a ~4.2 GB .idx; preprocessing
-runs at roughly 1-2 MB of text per second per worker.
+~600 GB pile_train_text_document.bin (uint16) with a ~4.2 GB .idx. Preprocessing
+throughput per worker: benchmarks/RESULTS.md, "Data pipeline".
 
 With --deduplicated, --input is a directory of the deduplicated Pile's
 .jsonl.zst (or .jsonl) shards, any number of them, used for training only

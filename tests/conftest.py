@@ -57,7 +57,9 @@ def read_metrics(log_dir: Path) -> list[dict]:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """`gpu` tests need CUDA: skipped with that reason on a machine without it (`make test-gpu` runs them)."""
+    """`gpu` tests need CUDA: skipped with that reason on a machine without it (`make test-gpu` runs them). The
+    Docker image's test runs last, so that its build (started with the session) has the suite's time."""
+    items.sort(key=lambda item: item.path.name == IMAGE_TEST)  # stable: the others keep their order
     import torch
 
     if torch.cuda.is_available():
@@ -66,3 +68,22 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+IMAGE_TEST = "test_docker_image.py"
+
+
+def pytest_collection_finish(session) -> None:
+    """When the session runs the Docker image's test (as root, which it needs), the image starts building now, in
+    a process of its own: it mostly waits on the network and the disk (tests/docker_build.py)."""
+    if os.geteuid() == 0 and not session.config.option.collectonly and any(
+            item.path.name == IMAGE_TEST for item in session.items):
+        from tests import docker_build
+
+        docker_build.start_for_session()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    from tests import docker_build
+
+    docker_build.stop_session_build()

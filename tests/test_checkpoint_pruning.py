@@ -1,5 +1,5 @@
 """keep_last_n_checkpoints counts only checkpoints that can be resumed from; a damaged one is set aside, never
-deleted, and the newest intact ones are kept (issue 30, item 11)."""
+deleted, and the newest intact ones are kept."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def test_intact_checkpoints_beyond_the_count_are_deleted_and_later_ones_left(tmp
 
 
 def test_a_checkpoint_damaged_again_under_a_name_set_aside_before_gets_a_name_of_its_own(tmp_path, capsys):
-    """Issue 42, item 4: a run resumed from before a damaged checkpoint writes that iteration again; damaged again,
-    it was renamed onto the first one's `.damaged` name, which raised after the new checkpoint's commit."""
+    """A run resumed from before a damaged checkpoint writes that iteration again; damaged again, it is set aside
+    under a name of its own (`.damaged-2`), not onto the first one's, which would raise after the commit."""
     for step in (10, 20, 30):
         checkpoint(tmp_path, step)
     os.truncate(tmp_path / "global_step20" / MODEL_FILE, 100)

@@ -42,6 +42,18 @@ def test_a_stage_pickled_by_name_passes_the_screen_and_loads_as_the_member(tmp_p
     assert torch.equal(loaded["state"], torch.ones(3))
 
 
+def test_stages_pickled_by_name_pass_the_screen_from_many_threads_at_once(tmp_path):
+    """verified_file_problems screens a checkpoint's files on several threads: each lookup's allowance must hold for
+    its own load while the others' come and go."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [shard(tmp_path, ByName(ZeroStageEnum, "optimizer_states"), f"zero_pp_rank_{i}_mp_rank_00_optim_states.pt")
+             for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(lambda name: unpickling_problems(tmp_path, name), names * 8))
+    assert found == [[]] * len(found)
+
+
 @pytest.mark.parametrize("owner, attribute", [
     (ZeroStageEnum, "__init__"),          # not a member: a way to functions and their globals
     (ZeroStageEnum, "mro"),

@@ -167,7 +167,7 @@ def test_out_of_range_value_is_named():
     ("train_data_weights", "[1.0, .nan]", "[1.0, nan]"),
 ])
 def test_a_number_that_is_not_finite_is_named_as_such(tmp_path, key, text, shown):
-    """Issue 42: `.nan` and `1e400` (which YAML reads as inf) got "expected float, got nan (float)"."""
+    """`.nan` and `1e400` (which YAML reads as inf) are named as not finite, not as a float of the wrong type."""
     path = tmp_path / "numbers.yml"
     path.write_text(f"{key}: {text}\n")
     with pytest.raises(ConfigError) as error:
@@ -434,7 +434,7 @@ def test_inactive_keys_report_only_changed_values():
 
 
 def test_pattention_keys_of_a_dense_transformer_are_named_as_inactive():
-    """Issue 42: model_type transformer trained with slot counts and Θ set, without the note other keys get."""
+    """A dense Transformer with slot counts and Θ set gets the note other inactive keys get: they have no effect."""
     dense = Config.from_dict({**MINIMAL, "model_type": "transformer", "norm_activation_type": "softmax",
                               "pattention_impl": "flash"})
     reported = dict(inactive_keys(dense, "cuda"))
@@ -490,7 +490,7 @@ def test_flow_style_without_a_space_after_the_colon_says_so(tmp_path, text, line
 
 
 def test_yaml_merge_keys_are_read_and_real_keys_given_twice_still_refused(tmp_path):
-    """Issue 42: `<<: *base` (YAML 1.1, read by PyYAML's safe loader) was refused as "not valid YAML"; the merged
+    """`<<: *base` (YAML 1.1, read by PyYAML's safe loader) is read, not refused as "not valid YAML"; the merged
     keys give way to the mapping's own, as YAML says, and a real key given twice is still named."""
     path = tmp_path / "merge.yml"
     cfg = load_config([REPO / "configs" / "demo.yml"],

@@ -1,4 +1,4 @@
-"""Checks of a dataset before a launch (issue 21): truncated or foreign files, empty data, token ids past the
+"""Checks of a dataset before a launch: truncated or foreign files, empty data, token ids past the
 vocabulary, and the cached largest token id they rely on."""
 
 import json
@@ -87,7 +87,7 @@ def test_an_empty_dataset_is_refused_before_launch(tmp_path):
 
 
 def test_an_empty_dataset_is_a_named_error_in_the_ranks_too(tmp_path):
-    """The in-rank path used to end in `TypeError: object of type 'NoneType' has no len()`."""
+    """The ranks' own path names the empty dataset too, rather than failing inside the split arithmetic."""
     prefix = write_dataset(str(tmp_path / "empty"), [])
     with pytest.raises(ValueError, match=f"{prefix}: the dataset holds no documents"):
         build_train_valid_test_datasets(prefix, "969,30,1", [10, 0, 0], 8, 1)

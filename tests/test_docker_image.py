@@ -6,26 +6,22 @@ requirement set, and in the container, offline, with data/ and a checkpoints fol
 the unit tier runs, the demo corpus is built, the demo config trains 20 iterations on 2 processes and
 resumes to 30. On the host, the checkpoints written inside are owned by the image's user and readable,
 load with the framework and export with tools/convert_to_hf.py. Each failure names its step; the image
-is removed afterwards (the base stays). `make docker-test` runs this file alone.
+is removed afterwards (the base stays). The build runs in a process of its own (tests/docker_build.py), started
+with the session when it runs this test, which runs last. `make docker-test` runs this file alone.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import uuid
-from pathlib import Path
 
 import pytest
 
-from tests import docker_image
+from tests import docker_build, docker_image
 from tests.conftest import REPO
-from tests.system_packages import require_debian_packages
 from tests.test_docker import pins
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -35,13 +31,10 @@ IMAGE_UID = 1000
 
 @pytest.fixture(scope="module")
 def podman(tmp_path_factory) -> dict[str, str]:
-    """podman, runc and debootstrap installed; the environment podman commands run in."""
+    """The environment podman commands run in (podman itself is installed by the build, if missing)."""
     if os.geteuid() != 0:
         pytest.skip("runs as root: rootful podman, debootstrap, and giving the mounted folders to the image's user")
-    require_debian_packages({"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"})
-    conf = tmp_path_factory.mktemp("podman") / "containers.conf"
-    conf.write_text(docker_image.CONTAINERS_CONF)
-    return dict(os.environ, CONTAINERS_CONF=str(conf))
+    return docker_build.podman_env(tmp_path_factory.mktemp("podman"))
 
 
 def step(name: str, command: list[str], env: dict[str, str], timeout: float = 900, **kwargs) -> str:
@@ -56,36 +49,17 @@ def step(name: str, command: list[str], env: dict[str, str], timeout: float = 90
     return output
 
 
-def local_cpu_torch() -> str | None:
-    """A folder of this machine's pip configuration that holds the CPU torch wheel the image's Python takes."""
-    config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-    folders = re.findall(r"find-links='([^']+)'", config) + os.environ.get("PIP_FIND_LINKS", "").split()
-    torch_pin = pins(REPO / "requirements" / "requirements.txt")["torch"]
-    for folder in dict.fromkeys(folders):
-        if glob.glob(f"{folder}/torch-{torch_pin}+cpu-cp311-*.whl"):
-            return folder
-    return None
-
-
 @pytest.fixture(scope="module")
 def image(podman, tmp_path_factory) -> str:
-    """The project's CPU image, built on the local Debian base (made first if missing); removed afterwards."""
-    if subprocess.run(["podman", "image", "exists", docker_image.BASE_IMAGE], env=podman).returncode != 0:
-        rootfs = tmp_path_factory.mktemp("base") / "rootfs"
-        for line in docker_image.make_base(str(rootfs)):
-            step("make the Debian base image", ["bash", "-o", "pipefail", "-c", line], podman)
-        shutil.rmtree(rootfs)
-    tag = f"localhost/tokenformer-neox-test:{uuid.uuid4().hex[:12]}"
-    wheels = local_cpu_torch()
-    options = dict(pip_options=f"--find-links {wheels}", volumes=(f"{wheels}:{wheels}:ro",)) if wheels else {}
-    ca_bundle = docker_image.CA_BUNDLE if Path(docker_image.CA_BUNDLE).is_file() else None
+    """The project's CPU image (tests/docker_build.py: started with the session, or here when run alone); removed
+    afterwards."""
+    build = docker_build.take_session_build() or docker_build.BackgroundBuild.start(tmp_path_factory.mktemp("image"))
     try:
-        step("build the image", docker_image.build(tag, ca_bundle=ca_bundle, **options), podman, timeout=2400,
-             cwd=REPO)
-        yield tag
+        yield build.result()
+    except docker_build.BuildFailed as failure:
+        pytest.fail(str(failure))
     finally:
-        subprocess.run(["podman", "rmi", "--force", tag], env=podman, capture_output=True)
-        subprocess.run(["podman", "image", "prune", "--force"], env=podman, capture_output=True)
+        build.stop()
 
 
 def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(image, podman, tmp_path):

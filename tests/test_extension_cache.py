@@ -1,5 +1,5 @@
-"""DeepSpeed's compiled op is cached per Python environment (issue 30, item 3); its build locks:
-tests/test_build_locks.py."""
+"""DeepSpeed's compiled ops are cached per Python environment (its build locks: tests/test_build_locks.py), and a
+training rank builds none it does not use."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from megatron.host.extension_cache import (
     VARIABLE,
@@ -26,7 +28,7 @@ def test_the_cache_is_this_environments_unless_the_user_chose_one(monkeypatch, t
 
 
 def test_a_read_only_environment_gets_a_folder_of_its_own_in_the_users_cache(tmp_path):
-    """The Docker image's environment belongs to root while its user runs the ranks (issue 29's test found it)."""
+    """The Docker image's environment belongs to root while its user runs the ranks: the cache goes elsewhere."""
     import subprocess as run
 
     prefix = tmp_path / "venv"
@@ -51,11 +53,26 @@ def test_deepy_sets_it_for_what_it_launches(tmp_path):
     assert result.stdout.strip().splitlines()[-1] == str(environment_cache(Path(sys.prefix), Path.home()))
 
 
-def test_a_first_cpu_start_says_it_compiles(tmp_path):
-    from megatron.host.extension_cache import compile_note
+def rank_start(config: Path, extensions: str) -> tuple[bool, list[str], list[str]]:
+    """A training rank's start (megatron/runtime): whether DeepSpeed's collectives hold a C++ op, what was built
+    into the op cache, and the /dev/shm buffers of this port."""
+    import deepspeed.comm.comm as ds_comm
 
-    note = compile_note(tmp_path, "cpu")
-    assert note.startswith(f"note: DeepSpeed compiles its CPU communication op into {tmp_path} before the ranks")
-    (tmp_path / "deepspeed_shm_comm").mkdir()
-    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
-    assert compile_note(tmp_path, "cpu") is None and compile_note(tmp_path / "none", "cuda") is None
+    from megatron.config import load_config
+    from megatron.runtime.process_group import initialize_distributed
+
+    os.environ[VARIABLE] = extensions
+    initialize_distributed(load_config([config], ["num_gpus=2"]))
+    built = sorted(path.name for path in Path(extensions).iterdir()) if Path(extensions).is_dir() else []
+    buffers = sorted(path.name for path in Path("/dev/shm").glob(f"deepspeed_*_{os.environ['MASTER_PORT']}_*"))
+    return ds_comm.cdb.shm_comm_op is not None, built, buffers
+
+
+@pytest.mark.slow
+def test_a_rank_builds_and_maps_no_op_for_deepspeeds_inference_collectives(tmp_path):
+    """DeepSpeed would compile a C++ op at the first start of every environment, and map a /dev/shm buffer per rank,
+    for its inference kernels' all-reduce alone; a training rank's collectives are torch.distributed's."""
+    from tests.distributed import run_on_ranks
+
+    for has_op, built, buffers in run_on_ranks(2, rank_start, REPO / "tests" / "tiny.yml", str(tmp_path / "ops")):
+        assert (has_op, built, buffers) == (False, [], [])

@@ -140,7 +140,7 @@ def test_generate_script_under_deepy_with_two_tensor_ranks(tensor_parallel_check
                          *tensor_parallel_checkpoint.overrides, *settings, "num_gpus=2", "model_parallel_size=2",
                          f"sample_output_file={tmp_path}/samples.jsonl", timeout=300)
     assert "launching 2 processes" in launched.stdout
-    # What it loaded and where it wrote (issue 30: generate.py said nothing at all)
+    # It says what it loaded and where it writes
     assert (f"loaded {tensor_parallel_checkpoint.save / 'global_step2'} (iteration 2); generating input-file "
             f"samples into {tmp_path}/samples.jsonl") in launched.stdout
     assert f"wrote 3 samples to {tmp_path}/samples.jsonl" in launched.stdout

@@ -85,8 +85,8 @@ def poisoned_allocations(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", lambda *args, **kwargs: poison(empty_like(*args, **kwargs)))
 
 
-# (input rows, d_in, d_out, the three Pattentions' token counts, τ): flash's row blocks with a ragged end, an n
-# that is no multiple of any kernel's block, and a large n (over 16k parameter tokens).
+# (input rows, d_in, d_out, the three Pattentions' token counts, τ): flash's row blocks and tiles with a ragged
+# end, an n that is no multiple of any kernel's block, and a large n (over 16k parameter tokens).
 CASES = {"ragged": (300, 96, 80, [1100, 1300, 900], 0.7), "large n": (96, 64, 48, [16684, 16500, 17000], 1.3)}
 
 
@@ -98,7 +98,8 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, p
                                                           dtype, case, impl):
     """flash and fused Pattentions with the Triton backend on CUDA tensors (kernels compiled, not interpreted)
     against autograd through the plain formula, on fresh random inputs each run (the seed is in the failure
-    message): for flash, rows in blocks of 64 (a ragged last one); three
+    message): for flash, the l2 Θ in flash_triton's kernels (rows, tokens and widths ending in ragged tiles),
+    softmax in blocks of 64 rows (a ragged last one); three
     Pattentions of one input with different token counts, τ ≠ 1, every fresh float buffer poisoned with NaN. fp32
     with TF32 off: within 1e-5 of the plain formula in fp32, relative to each tensor's largest entry. bf16: within
     1e-2 of the exact (fp64) result in relative norm, or 1.25× the plain formula's own bf16 error if larger."""
@@ -153,9 +154,8 @@ def test_bf16_block_products_are_accumulated_in_fp32():
     assert error < 1e-5, error
 
 
-# 9 sequences of 512 a batch, 4608 tokens: on CUDA flash cuts blocks of flash.MIN_ROWS (2048) input rows (4608 /
-# flash.BLOCKS is fewer), two full ones and a ragged last one of 512 (tests/test_gpu_check.py checks the blocks on
-# the CPU).
+# 9 sequences of 512 a batch, 4608 tokens: on CUDA flash's kernels (the model's l2_norm_gelu) sum dK and dV over
+# many row tiles (tests/test_gpu_check.py checks the tiles on the CPU).
 TRAINING_SEQUENCES, TRAINING_LENGTH = 9, 512
 # bf16's unit roundoff: flash and fused differ only in where bf16 values are rounded and in the order of fp32
 # sums (dK, dV over the blocks), and measured 3.1e-4 apart at most over 30 iterations at the 1-5B shapes, 8 blocks
@@ -195,9 +195,9 @@ def training_losses(impl: str, device: str, steps: int = 20) -> list[float]:
 
 
 def test_flash_and_fused_train_a_150M_wide_model_to_the_same_losses():
-    """20 steps from the same weights over the same batches, each cut into several flash blocks with a ragged
-    last one: flash (its Triton kernels, the default on CUDA) and fused give the same loss at every step to bf16
-    precision (LOSS_RTOL), and the loss falls."""
+    """20 steps from the same weights over the same batches, each over many of flash's row tiles: flash (its
+    Triton kernels, the default on CUDA) and fused give the same loss at every step to bf16 precision
+    (LOSS_RTOL), and the loss falls."""
     fused, flashed = (torch.tensor(training_losses(impl, "cuda")) for impl in ("fused", "flash"))
     torch.testing.assert_close(flashed, fused, rtol=LOSS_RTOL, atol=0)
     assert fused[-1] < fused[0] - 0.05

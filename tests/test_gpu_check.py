@@ -2,7 +2,7 @@
 to work before GPU time is spent on it: without CUDA it refuses in one line (exit 2); with --cpu-plumbing every step
 runs at toy sizes, the GPU-only ones say "unavailable", the four deepy.py launches train, stop, resume bitwise, and
 the JSON and markdown reports are written with the step list and the targets; and the GPU tier's flash training
-check (tests/test_gpu.py) is built here to see that it compares several flash blocks."""
+check (tests/test_gpu.py) is built here to see that it sums over several of flash's kernel tiles."""
 
 import json
 import subprocess
@@ -94,14 +94,15 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
     assert result.stdout.splitlines()[-1].startswith("target: script wall time (s) <= 480:")
 
 
-def test_the_gpu_tiers_flash_training_check_cuts_several_blocks_with_a_ragged_last_one():
-    """tests/test_gpu.py's flash-vs-fused training runs only on CUDA: its batches are checked here, on the CPU, to
-    span several of flash's CUDA row blocks, the last one ragged (one block would compare no multi-block sum)."""
-    from megatron.model.pattention.flash import row_blocks
+def test_the_gpu_tiers_flash_training_check_runs_flashs_kernels_over_many_row_and_token_tiles():
+    """tests/test_gpu.py's flash-vs-fused training runs only on CUDA: its model and batches are checked here, on the
+    CPU, to run flash's Triton kernels (an l2 Θ) over several row tiles of the CUDA tiles and the FFN over several
+    token tiles (one tile would compare no sum over tiles)."""
+    from megatron.model.pattention.flash_triton import TILES
+    from megatron.model.pattention.registry import FLASH_KERNEL_THETAS
     from tests.test_gpu import training_setup
 
     model, _, batches = training_setup("flash", "cpu")
-    assert model.layers[0].mlp.impl == "flash" and batches.dtype == torch.int64
-    blocks = row_blocks(batches[0, :, :-1].numel(), torch.device("cuda"))
-    full = blocks[0].stop - blocks[0].start
-    assert len(blocks) >= 3 and 0 < blocks[-1].stop - blocks[-1].start < full
+    mlp = model.layers[0].mlp
+    assert mlp.impl == "flash" and mlp.theta in FLASH_KERNEL_THETAS and batches.dtype == torch.int64
+    assert batches[0, :, :-1].numel() >= 8 * TILES["default"].m and len(mlp.key_param_tokens) >= 8 * TILES["default"].n

@@ -291,10 +291,9 @@ def test_official_growth_refuses_zero_new_values_and_unknown_modes():
         config("growth_mode=fast")
 
 
-def test_the_default_growth_is_the_one_that_trained_best(tmp_path):
-    """Issue 41: in the growth study official reached the reference's loss with the least compute (and ended
-    lowest), so it is what a config without growth_mode grows by: the tool, pretrain_partial_init and the
-    progressive driver all read it from the config."""
+def test_a_config_without_growth_mode_grows_by_official(tmp_path):
+    """A config without growth_mode grows by official, the default (docs/growth.md says why): the tool,
+    pretrain_partial_init and the progressive driver all read it from the config."""
     untouched = tmp_path / "tiny_without_growth_mode.yml"
     untouched.write_text("".join(line for line in TINY.read_text().splitlines(keepends=True)
                                  if not line.startswith("growth_mode")))
@@ -302,3 +301,19 @@ def test_the_default_growth_is_the_one_that_trained_best(tmp_path):
     plan = plan_growth(source, load_config([untouched], [f"padded_vocab_size={VOCAB}", *DOUBLED]))
     assert (source.growth_mode, plan.mode, plan.norm, plan.optimizer, plan.resets_iteration) == (
         "official", "official", "new", "reset", True)
+
+
+def test_one_growth_mode_vocabulary_and_one_default_for_the_layer_and_the_config():
+    """The modes defined once (model/args.py), the layer's grow() and the config defaulting alike; the
+    schema, which cannot import the model package, keeps a literal copy pinned here."""
+    import inspect
+
+    from megatron.config.schema import SCHEMA
+    from megatron.growth import plan as growth_plan
+    from megatron.model.args import DEFAULT_GROWTH_MODE, GROWTH_MODES
+    from megatron.model.pattention.parallel import ParallelPattention
+
+    assert (SCHEMA["growth_mode"].choices, SCHEMA["growth_mode"].default) == (GROWTH_MODES, DEFAULT_GROWTH_MODE)
+    assert growth_plan.GROWTH_MODES is GROWTH_MODES
+    for layer in (Pattention, ParallelPattention):
+        assert inspect.signature(layer.grow).parameters["mode"].default == DEFAULT_GROWTH_MODE, layer

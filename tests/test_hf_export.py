@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ast
 import json
+import operator
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -190,7 +192,7 @@ def learned_position_model_and_left_padded_batch(tmp_path):
 
 
 def test_left_padded_rows_of_a_learned_position_model_compute_as_alone(tmp_path):
-    """Positions come from the attention mask (issue 30): with learned positions, arange would shift a
+    """Positions come from the attention mask: with learned positions, arange would shift a
     left-padded row's positions and change its logits."""
     model, hf, batch, mask, short = learned_position_model_and_left_padded_batch(tmp_path)
     with torch.no_grad():
@@ -204,19 +206,44 @@ def test_left_padded_rows_of_a_learned_position_model_compute_as_alone(tmp_path)
 
 class HostReads(torch.Tensor):
     """A tensor (and every tensor computed from it) that counts the reads of its values by the host: on a GPU
-    each is a device synchronisation."""
+    each is a device synchronisation. Python's conversions (bool, int, float, an index), .item() and .tolist(),
+    a copy to the CPU (.cpu(), .to("cpu")) and NumPy's views (.numpy(), np.asarray)."""
 
     reads = 0
+    READS = (torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
+             torch.Tensor.__complex__, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
+             torch.Tensor.__array__)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if func in (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist):
+        kwargs = kwargs or {}
+        targets = (*args[1:], kwargs.get("device"))
+        to_cpu = func is torch.Tensor.to and any(str(target) == "cpu" for target in targets
+                                                 if isinstance(target, (str, torch.device)))
+        if func in cls.READS or to_cpu:
             HostReads.reads += 1
-        return super().__torch_function__(func, types, args, kwargs or {})
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("read", [bool, int, float, operator.index, torch.Tensor.item, torch.Tensor.tolist,
+                                  torch.Tensor.cpu, lambda t: t.to("cpu"), lambda t: t.to(device=torch.device("cpu")),
+                                  torch.Tensor.numpy, np.asarray],
+                         ids=["bool", "int", "float", "index", "item", "tolist", "cpu", "to-cpu", "to-device-cpu",
+                              "numpy", "asarray"])
+def test_host_reads_counts_every_way_the_host_reads_a_value(read):
+    """Every way of reading a value counts (int(), float(), .cpu(), .numpy() among them), so a test bounding the
+    reads can fail for any of them. Computing on the tensor is no read."""
+    value = torch.ones((), dtype=torch.long).as_subclass(HostReads)
+    HostReads.reads = 0
+    (value * 2 + 1).sum()
+    assert HostReads.reads == 0
+    read(value * 2)
+    assert HostReads.reads == 1
 
 
 def test_the_mask_is_read_by_the_host_once_per_forward_not_once_per_layer(tmp_path):
-    """Issue 42, item 5: `bool(attention_mask.all())` ran in every layer for every generated token."""
+    """Whether the mask pads is read once per forward, not in every layer for every generated token: on a GPU each
+    read is a synchronisation."""
     _, export = random_export(tmp_path, VARIANTS["l2_norm_gelu-rotary-tied"])
     convert_to_hf.main([str(export), str(tmp_path / "hf")])
     hf = load_hf(tmp_path / "hf")
@@ -235,9 +262,9 @@ def test_the_mask_is_read_by_the_host_once_per_forward_not_once_per_layer(tmp_pa
 
 
 def test_a_4d_mask_needs_position_ids_and_computes_as_the_2d_mask_with_them(tmp_path):
-    """Issue 42, item 5: a 4-D mask kept arange positions, so a left-padded row of a learned-position model had
-    other logits than alone. Positions cannot be read from a 4-D mask (it says which keys each query sees): it
-    is refused without position_ids, and with them computes what the 2-D mask does."""
+    """Positions cannot be read from a 4-D mask (it says which keys each query sees), and arange positions would give
+    a left-padded row of a learned-position model other logits than alone: such a mask is refused without
+    position_ids, and with them computes what the 2-D mask does."""
     model, hf, batch, mask, short = learned_position_model_and_left_padded_batch(tmp_path)
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
     mask_4d = (causal & mask[:, None, None, :].bool()) | torch.eye(9, dtype=torch.bool)  # padded rows: themselves
@@ -274,7 +301,7 @@ def tokenizer_runs(tmp_path_factory) -> dict[str, dict]:
 
 def test_a_tokenizer_named_relative_to_the_runs_directory_is_found_from_elsewhere(tmp_path, monkeypatch, capsys):
     """A run's config names vocab_file relative to where it started; exporting from another directory finds it
-    above the checkpoint, or fails naming it (issue 30: the tokenizer was skipped)."""
+    above the checkpoint, or fails naming it, rather than skipping the tokenizer."""
     run_dir = tmp_path / "run"
     (run_dir / "data").mkdir(parents=True)
     train_byte_level_bpe(TOKENIZER_TEXTS * 20, 300, str(run_dir / "data" / "tokenizer.json"))
@@ -421,7 +448,7 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert "norm_activation_type 'softmax' (config.json: norm_activation_type='l2_norm_gelu')" in error
     assert not (tmp_path / "checkpoint").exists()
 
-    (tmp_path / "hf" / "config.json").write_text("{'model_type': tokenformer")  # not JSON (issue 30)
+    (tmp_path / "hf" / "config.json").write_text("{'model_type': tokenformer")  # not JSON
     with pytest.raises(SystemExit) as exit_:
         convert_from_hf.main([str(tmp_path / "hf"), str(tmp_path / "checkpoint"), "--config", str(other)])
     error = capsys.readouterr().err
@@ -564,7 +591,7 @@ def test_lm_eval_hf_backend_agrees_with_the_frameworks_adapter(tensor_parallel_c
 def test_a_converted_checkpoint_loads_directly_into_another_layout(tensor_parallel_checkpoint, tmp_path):
     """tools/convert_from_hf.py's output (weights only, 2 tensor ranks) given as `load` to runs of other layouts (1
     tensor rank with the pipeline engine; 2 data-parallel ranks with ZeRO) is loaded, said so, scores as the
-    original and trains (issue 30: it failed inside the ranks with KeyError 'module')."""
+    original and trains, rather than failing inside the ranks (it has no DeepSpeed layout)."""
     from tests.conftest import run_deepy
 
     convert_to_hf.main([str(tensor_parallel_checkpoint.save), str(tmp_path / "hf")])

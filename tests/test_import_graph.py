@@ -1,5 +1,5 @@
-"""The packages of `megatron/` depend on each other without a cycle (issue 17), and so do the modules of
-megatron/config (issue 27): every import, at module level, inside a function or under TYPE_CHECKING, read by
+"""The packages of `megatron/` depend on each other without a cycle, and so do the modules of
+megatron/config: every import, at module level, inside a function or under TYPE_CHECKING, read by
 parsing the sources, never by importing them."""
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ def unit_graph(root: Path) -> dict[str, set[str]]:
     return graph
 
 
-def module_graph(package: Path) -> dict[str, set[str]]:
-    """Module -> the other modules of `package` (a folder of a `megatron` package) it imports."""
-    modules = {path: module_of(path, package.parent) for path in sorted(package.rglob("*.py"))}
+def module_graph(package: Path, top: Path | None = None) -> dict[str, set[str]]:
+    """Module -> the other modules of `package` (a folder of a `megatron` package, or the top-level folder `top`
+    itself, e.g. benchmarks/) it imports."""
+    modules = {path: module_of(path, top or package.parent) for path in sorted(package.rglob("*.py"))}
     names = {module for module, _ in modules.values()}
     return {module: (imported_modules(path.read_text(encoding="utf-8"), module, is_package) & names) - {module}
             for path, (module, is_package) in modules.items()}
@@ -111,7 +112,7 @@ def test_megatron_packages_import_each_other_without_a_cycle():
 
 def test_the_ranks_and_deepy_py_share_only_what_both_run():
     """The ranks' code (megatron/runtime and what it serves) never imports deepy.py's side (megatron/launch),
-    nor does deepy.py's side import theirs: what both need is megatron/host (issue 27 item 5)."""
+    nor does deepy.py's side import theirs: what both need is megatron/host."""
     graph = unit_graph(MEGATRON)
     for rank_side in ("megatron.runtime", "megatron.training", "megatron.inference"):
         assert "megatron.launch" not in reachable(graph, rank_side), rank_side
@@ -124,6 +125,17 @@ def test_the_modules_of_megatron_config_import_each_other_without_a_cycle():
     assert {"megatron.config", "megatron.config.config", "megatron.config.validate"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle between megatron.config's modules: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "tools", "data_prep"])
+def test_the_scripts_outside_megatron_import_each_other_without_a_cycle(folder):
+    """The modules of benchmarks/, tools/ and data_prep/ import each other without a cycle, under TYPE_CHECKING
+    too: a cycle would make each module readable only together with the others."""
+    root = MEGATRON.parent / folder
+    graph = module_graph(root, root)
+    assert folder != "benchmarks" or "benchmarks.incremental_scaling.report" in graph
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle between {folder}'s modules: " + " -> ".join(cycle)
 
 
 def test_no_checkpoint_module_is_left_at_the_top_of_megatron():

@@ -1,4 +1,4 @@
-"""Bad input to the inference tools, found by probing as a new user would (issue 21).
+"""Bad input to the inference tools, as a new user would give it.
 
 A checkpoint whose files fail its manifest is refused by load_model, generate.py and the exports, naming the
 files and the fix (no fallback to an older checkpoint); a prompt that is not UTF-8 (prompt file or
@@ -166,7 +166,8 @@ def test_a_prompt_of_several_lines_is_named_by_the_line_of_its_bad_byte(tokenize
 
 
 def test_a_prompt_longer_than_the_model_is_named_and_the_others_generated(tokenizer_file, tmp_path, capsys):
-    """max_position_embeddings is 40 here (issue 30: a traceback after launch lost every other prompt's output)."""
+    """max_position_embeddings is 40 here: the long prompt is skipped with a line, not a traceback that would lose
+    every other prompt's output."""
     prompts = tmp_path / "prompts.txt"
     long = " ".join(["word"] * 60)
     prompts.write_text(f"first prompt\n{long}\nlast prompt\n")

@@ -91,3 +91,52 @@ def test_bad_arguments_are_one_line_each():
     result = subprocess.run([sys.executable, "data_prep/knowledge_corpus.py", "--out", "/nonexistent/x",
                              "--values", "1"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--values 1: give 2 to 4096" in result.stderr
+
+
+UNEVEN = {"birthplace": ("NAME born VALUE .", "NAME hails from VALUE ."), "job": ("NAME works VALUE .",
+                                                                                   "NAME is a VALUE by trade ."),
+          "colour": ("NAME likes VALUE .",), "pet": ("NAME owns VALUE .",)}
+
+
+def generated(monkeypatch, templates: dict, sentences: int) -> tuple[list[list[str]], dict, tuple]:
+    """`sentences` sentences of the world (30 people, 7 values, seed 4) under `templates`, as word lists."""
+    monkeypatch.setattr(knowledge_corpus, "ATTRIBUTES", templates)
+    names, values, facts = knowledge_corpus.world(30, 7, 4)
+    words = knowledge_corpus.vocabulary(names, values)
+    flat, starts = knowledge_corpus.stream(sentences, facts, {word: i for i, word in enumerate(words)}, names, values,
+                                           np.random.default_rng(0))
+    text = [words[i] for i in flat]
+    bounds = [*starts.tolist(), len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])], words, (names, values, facts)
+
+
+def test_an_attribute_with_more_templates_states_its_own_facts(monkeypatch):
+    """Templates per attribute 2, 2, 1, 1 of unequal lengths: every sentence states the fact of its template's
+    attribute, each template is used, and templates (not attributes) are picked uniformly."""
+    sentences, _, (names, values, facts) = generated(monkeypatch, UNEVEN, 6000)
+    people = {name: index for index, name in enumerate(names)}
+    used: dict[tuple[str, int], int] = {}
+    for sentence in sentences:
+        ((person, attribute, value, template),) = parse(sentence, people)
+        assert value == values[attribute][facts[person, list(UNEVEN).index(attribute)]], sentence
+        used[(attribute, template)] = used.get((attribute, template), 0) + 1
+    assert len(used) == 6 and all(abs(count / 6000 - 1 / 6) < 0.02 for count in used.values()), used
+
+
+def test_the_entropy_formulas_match_the_generated_text(monkeypatch):
+    """floor_nats: the entropy of a sentence (which template, which person: the rest follows from the facts) over
+    its mean length, measured on the text itself; no_facts_nats adds ln(values) per value word."""
+    sentences, words, _ = generated(monkeypatch, UNEVEN, 40000)
+    expected = knowledge_corpus.entropies(30, 7, {word: i for i, word in enumerate(words)})
+    counts: dict[tuple[str, ...], int] = {}
+    for sentence in sentences:
+        counts[tuple(sentence)] = counts.get(tuple(sentence), 0) + 1
+    frequencies = np.array(list(counts.values())) / len(sentences)
+    measured_entropy = -(frequencies * np.log(frequencies)).sum()
+    tokens = sum(map(len, sentences))
+    assert len(counts) == 6 * 30  # distinct sentences: nothing else is random
+    assert expected["mean_sentence_tokens"] == pytest.approx(tokens / len(sentences), rel=0.01)
+    assert expected["floor_nats"] == pytest.approx(measured_entropy / (tokens / len(sentences)), rel=0.01)
+    value_words_per_token = len(sentences) / tokens  # one value word a sentence
+    assert expected["no_facts_nats"] - expected["floor_nats"] == pytest.approx(np.log(7) * value_words_per_token,
+                                                                                rel=0.01)

@@ -108,7 +108,8 @@ def test_sigterm_to_deepspeeds_runner_reaches_the_ranks_too(demo_data, tmp_path)
 
 @pytest.mark.parametrize("hostfile", [False, True], ids=["local", "hostfile"])
 def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path, hostfile):
-    """Issue 30: SIGKILL of deepy.py left its ranks training, holding the save lock and the port."""
+    """A SIGKILL of deepy.py stops its ranks, which save: otherwise they would train on unattended, holding the save
+    lock and the port."""
     run = tmp_path / "run"
     (tmp_path / "hostfile").write_text("localhost slots=2\n")
     launcher = start_training(demo_data, run, *([f"hostfile={tmp_path / 'hostfile'}"] if hostfile else []))
@@ -126,9 +127,9 @@ def test_ranks_stop_and_save_when_deepy_is_killed(demo_data, tmp_path, hostfile)
 
 
 def test_a_stop_during_start_up_says_so_exits_130_and_ends_what_the_ranks_started(demo_data, tmp_path):
-    """Issue 30: a start stopped while DeepSpeed compiled its op left the compiler running as an orphan. Issue 42:
-    the stop was reported as a failure ("the launcher exited 241 ... killed by SIGTERM") and the compilers ran on
-    for 75 s. The ranks here catch no signal, as ranks still starting do not."""
+    """A start stopped while DeepSpeed compiles its op is reported as a stop, not as a failure ("the launcher exited
+    241 ... killed by SIGTERM"), and the compilers the ranks started end at once instead of running on as orphans.
+    The ranks here catch no signal, as ranks still starting do not."""
     pids = tmp_path / "children"
     command = [sys.executable, "deepy.py", "tests/scripts/rank_check.py", TINY, *data_overrides(demo_data),
                f"master_port={free_port()}"]
@@ -150,8 +151,8 @@ def test_a_stop_during_start_up_says_so_exits_130_and_ends_what_the_ranks_starte
 
 
 def test_two_runs_started_together_on_one_port_never_mix(demo_data, tmp_path):
-    """Issue 30: the second of two runs on one port passed the busy-port check and died minutes later, one of its
-    ranks having joined the other run's rendezvous. Now one run trains; the other stops with a clear message."""
+    """Two runs started together on one port: one trains; the other stops with a clear message, never with a rank
+    joined to the other run's rendezvous (a busy-port check alone can pass both)."""
     port = free_port()
 
     def start(name: str) -> subprocess.Popen:
@@ -174,8 +175,8 @@ def test_two_runs_started_together_on_one_port_never_mix(demo_data, tmp_path):
 
 
 def test_a_rank_that_meets_another_runs_store_stops_on_the_launch_id(demo_data, tmp_path):
-    """Issue 42: in the case above the second run may be stopped by preflight's busy-port check, or by its rank 0
-    finding the port taken, before any rank compares launch ids. Here only the launch id can tell: run B is past
+    """In the case above the second run may be stopped by preflight's busy-port check, or by its rank 0 finding the
+    port taken, before any rank compares launch ids. Here only the launch id can tell: run B is past
     its checks while the port is free, its rank 0 starts late ($WAIT_RANK), and its rank 1 meets the store of run
     A, which took the port meanwhile. B stops, having registered nothing; A trains."""
     port = free_port()
@@ -206,15 +207,116 @@ def test_a_run_that_names_no_port_gets_a_free_one(demo_data, tmp_path):
     assert port != 29500 and 20000 <= port
 
 
+def wait_until_it_catches(process: subprocess.Popen, number: int, timeout: float = 60) -> None:
+    """Until `process` has a handler for signal `number` (/proc/PID/status, SigCgt): the sign that deepy.py has
+    installed its own, which it does before its imports."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+        if caught & 1 << (number - 1):
+            return
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.002)
+
+
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
 def test_a_stop_while_deepy_imports_and_checks_is_one_line_not_a_traceback(demo_data, name):
-    """Ctrl-C half a second after `python deepy.py ...`, while it still imports torch and DeepSpeed (seconds): one
-    line saying it stopped as asked, exit 128+N, no traceback and nothing launched."""
-    command = [sys.executable, "deepy.py", "train.py", TINY, *data_overrides(demo_data), f"master_port={free_port()}"]
-    launcher = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    """Ctrl-C as soon as deepy.py can take it, while it imports torch and DeepSpeed: one line saying it stopped as
+    asked, exit 128+N, nothing launched, and nothing unwound. Unwinding from inside an import can leave numpy
+    half-imported for preflight (a second traceback, exit 1) or cross pybind11 (`terminate called ...
+    error_already_set`, exit 134); the atexit hook below stands for any code that unwinding would run."""
+    deepy = [str(REPO / "deepy.py"), "train.py", TINY, *data_overrides(demo_data), f"master_port={free_port()}"]
+    wrapper = ("import atexit, runpy, sys\n"
+               "atexit.register(lambda: print('unwound', file=sys.stderr))\n"
+               f"sys.argv = {deepy!r}\n"
+               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    launcher = subprocess.Popen([sys.executable, "-c", wrapper], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    wait_until_it_catches(launcher, signal.SIGTERM)
     launcher.send_signal(getattr(signal, name))
     output, errors = launcher.communicate(timeout=60)
     assert launcher.returncode == 128 + getattr(signal, name), errors
     assert errors.splitlines() == ["deepy.py: stopped at your request, before any process started"], errors
     assert "launching" not in output
+
+
+# Loaded into deepy.py (sitecustomize): its launcher becomes a stand-in ($LAUNCHER_CODE), whose pid goes to
+# $LAUNCHER_PID_FILE, and deepy.py sends itself SIGINT at $STOP_AT: "started", as soon as the launcher has started;
+# "ended", as soon as the launcher and its ranks have ended (run_launcher returned).
+STOP_IN_A_WINDOW = """
+import importlib.util, os, signal, subprocess, sys
+
+def stop():
+    os.kill(os.getpid(), signal.SIGINT)
+
+class Launcher(subprocess.Popen):
+    def __init__(self, args, *rest, **options):
+        launcher = options.get("start_new_session") and "deepspeed.launcher.runner" in args
+        if launcher:
+            args = [sys.executable, "-c", os.environ["LAUNCHER_CODE"]]
+        super().__init__(args, *rest, **options)
+        if launcher:
+            with open(os.environ["LAUNCHER_PID_FILE"], "w") as pid_file:
+                pid_file.write(str(self.pid))
+            if os.environ["STOP_AT"] == "started":
+                stop()
+
+subprocess.Popen = Launcher
+
+class StopAfterTheRanks:
+    def find_spec(self, name, path, target=None):
+        if name != "megatron.launch.supervise":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            launch = module.run_launcher
+
+            def launch_then_stop(*args, **kwargs):
+                code = launch(*args, **kwargs)
+                stop()
+                return code
+            module.run_launcher = launch_then_stop
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ["STOP_AT"] == "ended":
+    sys.meta_path.insert(0, StopAfterTheRanks())
+"""
+
+
+@pytest.mark.parametrize("window", ["started", "ended"])
+def test_a_stop_just_after_the_launcher_starts_or_after_the_ranks_end_is_told_as_it_is(demo_data, tmp_path, window):
+    """deepy.py tells each window as it is, not "before any process started": a stop as the launcher starts is
+    passed on to it (here a stand-in that sleeps) rather than leaving the launcher and its ranks to the ranks'
+    orphan watch, and one after the ranks ended has nothing left to stop."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(STOP_IN_A_WINDOW)
+    pid_file = tmp_path / "launcher.pid"
+    code = "import time; time.sleep(120)" if window == "started" else "pass"
+    environment = dict(os.environ, PYTHONPATH=str(hook), LAUNCHER_CODE=code, LAUNCHER_PID_FILE=str(pid_file),
+                       STOP_AT=window, PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, "deepy.py", "tests/scripts/rank_check.py", TINY, *data_overrides(demo_data),
+                           f"master_port={free_port()}"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=environment)
+    launcher = int(pid_file.read_text())
+    try:
+        assert "before any process started" not in done.stderr, done.stderr
+        if window == "started":
+            assert done.returncode == 130 and not psutil.pid_exists(launcher), done.stderr
+            assert done.stderr.splitlines()[-1] == (
+                "deepy.py: tests/scripts/rank_check.py stopped at your request (SIGINT) while its ranks were "
+                "starting, before they could save a checkpoint")
+        else:
+            assert done.returncode == 0, done.stderr
+            assert done.stderr.splitlines()[-1] == ("deepy.py: SIGINT received after the ranks ended; nothing "
+                                                    "left to stop")
+    finally:
+        if psutil.pid_exists(launcher):
+            os.kill(launcher, signal.SIGKILL)

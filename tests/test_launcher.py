@@ -169,8 +169,9 @@ def test_each_rank_takes_its_share_of_the_cores(environment, expected):
 
 
 @pytest.mark.parametrize(("device", "environment", "expected"), [
-    ("cuda", {}, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    ("cuda", {}, {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}),
     ("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, {}),  # the user's setting stands
+    ("cuda", {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}, {}),  # under torch 2.13's name too
     ("cpu", {}, {}),
 ])
 def test_a_cuda_rank_uses_expandable_segments_unless_told_otherwise(device, environment, expected):

@@ -49,3 +49,18 @@ def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
     writer.close()
     runs = list((tmp_path / "logs" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+def test_a_resume_after_a_kill_mid_record_drops_the_cut_record_and_joins_nothing_to_it(tmp_path, capsys):
+    """A SIGKILL while a record is written leaves part of it; the resumed run drops that part rather than append
+    its first record onto it, which would leave neither JSON (and tools/plot_metrics.py refusing the run)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    whole = json.dumps(RECORDS[0]) + "\n"
+    (logs / "metrics.jsonl").write_text(whole + json.dumps(RECORDS[1])[:17])
+    writer = MetricsWriter(Config.from_dict({**MINIMAL, "log_dir": str(logs)}), rank=0)
+    writer.write(RECORDS[1])
+    writer.close()
+    assert (logs / "metrics.jsonl").read_text() == whole + json.dumps(RECORDS[1]) + "\n"
+    assert capsys.readouterr().out == (f"{logs / 'metrics.jsonl'}: dropped its last 17 bytes, a record cut short "
+                                       "when the run that wrote it was killed\n")

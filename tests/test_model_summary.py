@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.parameter_count import count_parameters_by_component
+from megatron.model.spec import layer_token_count
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +60,7 @@ def test_meta_count_equals_a_materialised_model_and_the_closed_form(overrides):
     assert counts["total_params"] == sum(p.numel() for p in materialised.parameters())
 
     d, vocab = args.hidden_size, args.padded_vocab_size
-    pattention_tokens = 3 * args.qkv_slot_num + args.proj_slot_num + args.ffn_slot_num
+    pattention_tokens = layer_token_count(vars(args))
     block_norms = 2 * 2 * d if args.norm == "layernorm" else 0
     final_norm = 2 * d if args.final_norm == "layernorm" else 0
     closed_form = (vocab * d * (2 if args.no_weight_tying else 1)

@@ -304,7 +304,7 @@ def test_token_blocks_on_real_ranks_equal_the_whole_layers(world, impl, backend)
 
 # --- Growth --------------------------------------------------------------------------------------------
 
-def grown_copy(layer, new_count, mode="preserve"):
+def grown_copy(layer, new_count, mode):
     bigger = copy.deepcopy(layer)
     bigger.grow(new_count, mode)
     return bigger
@@ -339,7 +339,7 @@ def test_preserve_growth_keeps_every_bit_of_the_output_and_the_old_gradients(mon
         return out.detach(), x_leaf.grad, [p.grad[:tokens] for layer in layers for p in layer.parameters()]
 
     out, grad_x, grads = run(layers)
-    grown_out, grown_grad_x, grown_grads = run([grown_copy(layer, grown) for layer in layers])
+    grown_out, grown_grad_x, grown_grads = run([grown_copy(layer, grown, "preserve") for layer in layers])
     assert torch.equal(grown_out, out) and torch.equal(grown_grad_x, grad_x)
     assert all(torch.equal(a, b) for a, b in zip(grown_grads, grads))
 
@@ -354,7 +354,7 @@ def test_preserve_growth_keeps_the_function_and_n(monkeypatch, impl, backend, th
     layer = (random_layer(theta, impl, backend) if dtype == torch.float64
              else Pattention(8, 6, 10, theta, impl=impl, flash_backend=backend))
     x = torch.randn(4, 8, dtype=dtype)
-    bigger = grown_copy(layer, 15)
+    bigger = grown_copy(layer, 15, "preserve")
     assert bigger.key_param_tokens.shape == (15, 8) and bigger.value_param_tokens.shape == (15, 6)
     assert torch.equal(bigger.key_param_tokens[10:], torch.zeros(5, 8, dtype=dtype))
     assert bigger.value_param_tokens[10:].abs().sum() > 0
@@ -368,7 +368,7 @@ def test_preserve_growth_of_softmax_is_refused_because_zero_keys_change_it():
     layer = random_layer("softmax", dtype=torch.float32)
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match=r"grow\(mode='preserve'\) of a softmax Pattention: .* mode='official'"):
-        layer.grow(15)
+        layer.grow(15, "preserve")
     assert len(layer.key_param_tokens) == 10
     zero_keys = copy.deepcopy(layer)
     zero_keys.key_param_tokens = nn.Parameter(torch.cat([layer.key_param_tokens.detach(), torch.zeros(5, 8)]))
@@ -446,12 +446,54 @@ def test_train_grow_and_train_on_with_a_rebuilt_optimizer(impl):
     before = torch.optim.Adam(layer.parameters(), lr=1e-2)
     train(before, 5)
     layer.grow(20)
-    trained = {id(p) for p in before.param_groups[0]["params"]}
-    assert trained.isdisjoint(id(p) for p in layer.parameters())  # grow replaced them: the old optimizer is stale
+    assert layer.norm_token_count.item() == 20  # the default mode is the config's: official
     new_keys = layer.key_param_tokens[10:].detach().clone()
     losses = train(torch.optim.Adam(layer.parameters(), lr=1e-2), 20)
     assert layer.key_param_tokens.grad.shape == (20, 8) and layer.key_param_tokens.grad[10:].abs().sum() > 0
     assert not torch.equal(layer.key_param_tokens[10:], new_keys) and losses[-1] < losses[0]
+
+
+def test_an_optimizer_built_before_grow_trains_the_new_tokens_or_is_refused_with_the_fix():
+    """grow() keeps the Parameter objects: an optimizer built before it but not yet stepped trains every token; one
+    holding moments of the old size is refused at its next step, before it changes anything."""
+    torch.manual_seed(0)
+    layer = Pattention(8, 6, 10)
+    x, target = torch.randn(16, 8), torch.randn(16, 6)
+    fresh = torch.optim.Adam(layer.parameters(), lr=1e-2)
+    layer.grow(20)
+    (layer(x) - target).square().mean().backward()
+    new_values = layer.value_param_tokens[10:].detach().clone()
+    fresh.step()
+    assert not torch.equal(layer.value_param_tokens[10:], new_values)  # the new tokens train
+    stepped = torch.optim.SGD(layer.parameters(), lr=1e-2, momentum=0.9)
+    (layer(x) - target).square().mean().backward()
+    stepped.step()
+    layer.grow(24)
+    (layer(x) - target).square().mean().backward()
+    weights = [p.detach().clone() for p in layer.parameters()]
+    with pytest.raises(RuntimeError) as refused:
+        stepped.step()
+    assert str(refused.value) == (
+        "SGD.step(): a Pattention grew from 20 to 24 parameter tokens after this optimizer stepped, and its state "
+        "(momentum_buffer) still has 20 rows; build a new optimizer over the layer's parameters after grow(), or grow "
+        "before the first step")
+    assert all(torch.equal(p, w) for p, w in zip(layer.parameters(), weights))
+    torch.optim.SGD(layer.parameters(), lr=1e-2, momentum=0.9).step()  # a new optimizer steps
+
+
+def test_the_layer_takes_a_dtype_and_refuses_a_scale_that_is_not_finite():
+    layer = Pattention(8, 6, 10, dtype=torch.bfloat16)
+    assert layer.key_param_tokens.dtype == layer.value_param_tokens.dtype == torch.bfloat16
+    assert layer.norm_token_count.dtype == torch.int64 and layer(torch.randn(2, 8, dtype=torch.bfloat16)).isfinite().all()
+    assert Pattention(8, 6, 10, dtype=torch.float64, device="meta").key_param_tokens.dtype == torch.float64
+    for tau in (float("nan"), float("inf")):
+        with pytest.raises(ValueError) as error:
+            Pattention(8, 6, 10, tau=tau)
+        assert str(error.value) == f"Pattention(tau={tau!r}): must be a finite number (the score scale)"
+    with pytest.raises(TypeError, match=r"Pattention\(tau='1'\): must be a finite number \(the score scale\), not a str"):
+        Pattention(8, 6, 10, tau="1")
+    with pytest.raises(TypeError, match=r"Pattention\(dtype=torch.int64\): must be a floating-point torch.dtype"):
+        Pattention(8, 6, 10, dtype=torch.int64)
 
 
 # --- Arguments and input checked at the boundary (issue 42) ---------------------------------------------

@@ -17,6 +17,7 @@ from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.pipeline import TransformerLayerPipe, build_pipeline, pipeline_parameter_model_name
 from megatron.mpu import ParallelLayout
 from megatron.training.step import lm_loss
+from megatron.runtime.process_group import without_deepspeeds_inference_comm_op
 from tests.distributed import run_on_ranks
 
 
@@ -42,6 +43,7 @@ def test_validation_names_the_pipeline_layer_class():
 def _stage_parameters(tensor_size: int, pipe_size: int, overrides: dict, partition_method: str) -> tuple:
     """(tensor rank, this stage's TokenFormerModel parameter names), after checking their values."""
     layout = mpu.initialize_model_parallel(tensor_size, pipe_size)
+    without_deepspeeds_inference_comm_op()
     deepspeed.init_distributed("gloo", verbose=False)
     args = tiny_args(**overrides)
     pipeline = build_pipeline(args, mpu.pipeline_topology(layout), lm_loss, partition_method)

@@ -1,4 +1,4 @@
-"""tools/plot_metrics.py draws runs' metrics.jsonl into one PNG (issue 30, item 22)."""
+"""tools/plot_metrics.py draws runs' metrics.jsonl into one PNG."""
 
 from __future__ import annotations
 
@@ -45,3 +45,14 @@ def test_a_missing_or_damaged_log_is_one_line(tmp_path, capsys):
             plot_metrics.main([*argv, "--out", str(tmp_path / "x.png")])
         error = capsys.readouterr().err
         assert exit_.value.code == 2 and message in error and error.count("\n") == 1
+
+
+def test_a_log_ending_in_a_record_cut_short_is_drawn_without_it(tmp_path, capsys):
+    """What a SIGKILL leaves (part of the last record, no newline) is left out, not a reason to refuse the run."""
+    write_run(tmp_path / "a" / "logs", 1.0)
+    with open(tmp_path / "a" / "logs" / "metrics.jsonl", "a") as log:
+        log.write('{"iteration": 41, "split": "tra')
+    records = plot_metrics.read_run(tmp_path / "a" / "logs")
+    assert len(records) == 44 and records[-1]["iteration"] == 40
+    out = plot_metrics.main([str(tmp_path / "a" / "logs"), "--out", str(tmp_path / "m.png")])
+    assert out.is_file() and capsys.readouterr().err == ""

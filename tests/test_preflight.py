@@ -1,9 +1,8 @@
-"""deepy.py refuses, before any process starts, what the ranks would fail on 15-20 s later (issue 21): a busy
+"""deepy.py refuses, before any process starts, what the ranks would fail on after their start-up: a busy
 master_port, a vocab_file that is not a tokenizer, a split that gives training no documents, a save directory
-that cannot be written (issue 30), and a checkpoint
-in `load` that does not fit the run (another tensor-parallel size, ZeRO state of another data-parallel size,
-another architecture read from the pipeline's layer files, missing files). Each is one message and exit code 2,
-with no process launched."""
+that cannot be written, and a checkpoint in `load` that does not fit the run (another tensor-parallel size, ZeRO
+state of another data-parallel size, another architecture read from the pipeline's layer files, missing files).
+Each is one message and exit code 2, with no process launched."""
 
 from __future__ import annotations
 
@@ -50,7 +49,7 @@ def test_a_split_that_gives_training_no_documents_is_named(demo_data):
     message = refused(demo_data, "split='0,1,0'", f"master_port={free_port()}")
     assert "with split = '0,1,0' leaves the train split no documents (of " in message
     assert 'give train a share of split (e.g. "969,30,1")' in message
-    # A weight of 0 whose rounding hands train one document (issue 30): refused, not trained on one document
+    # A weight of 0 whose rounding hands train one document: refused, not trained on one document
     message = refused(demo_data, "split='0,50,50'", f"master_port={free_port()}")
     assert "with split = '0,50,50' leaves the train split no documents (of " in message
     # Too little text for one global batch (16 sequences of 64 tokens) in the tiny config
@@ -124,8 +123,8 @@ def refused_inference(script: str, *overrides: str) -> str:
 
 
 def test_generation_and_evaluation_inputs_are_checked_before_launch(demo_data, tmp_path):
-    """Issue 30: each of these failed after launch (a traceback per rank, or an unknown task's KeyError), or
-    ended with exit 0 and an empty output."""
+    """Each of these is refused before launch: launched, it would fail in the ranks (a traceback per rank, or an
+    unknown task's KeyError), or end with exit 0 and an empty output."""
     vocab = f"vocab_file={demo_data}/tokenizer.json"
     (tmp_path / "empty").mkdir()
     message = refused_inference("generate.py", vocab, f"load={tmp_path / 'empty'}")
@@ -141,8 +140,8 @@ def test_generation_and_evaluation_inputs_are_checked_before_launch(demo_data, t
                                 f"eval_include_path={tmp_path / 'tasks'}")
     assert ("eval_tasks: 'tiny_tsk' is not a task lm-eval knows (nor one of eval_include_path's); did you mean "
             "'tiny_task'?") in message
-    # A built-in task whose dataset is on the hub, which this test makes unreachable (issue 30: a 50-line
-    # traceback after 99 s offline); a local task passes the check
+    # A built-in task whose dataset is on the hub, which this test makes unreachable (launched, a long traceback,
+    # late); a local task passes the check
     (tmp_path / "tasks" / "local.jsonl").write_text('{"text": "a"}\n')
     files = f"{{data_files: {{validation: {tmp_path}/tasks/local.jsonl}}}}"
     (tmp_path / "tasks" / "tiny_task.yaml").write_text(

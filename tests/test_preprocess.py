@@ -355,8 +355,8 @@ def natural_text() -> str:
 @pytest.mark.parametrize("kind", ["HFTokenizer", "SPMTokenizer-unigram", "SPMTokenizer-bpe", "CharLevelTokenizer"])
 def test_a_long_document_tokenized_in_pieces_gives_the_whole_texts_ids(tmp_path, hf_tokenizer_file, kind,
                                                                           monkeypatch):
-    """Issue 30: a 50 MB one-line document peaked at 6.2 GB; documents above PIECE_CHARACTERS are tokenized in
-    pieces cut between words, with the same ids, where the tokenizer allows it."""
+    """Documents above PIECE_CHARACTERS are tokenized in pieces cut between words, with the ids of the whole text,
+    where the tokenizer allows it: encoding a long document whole holds many times its size in memory."""
     from megatron.data import preprocess
 
     if kind.startswith("SPMTokenizer"):
@@ -379,7 +379,8 @@ def test_a_long_document_tokenized_in_pieces_gives_the_whole_texts_ids(tmp_path,
 
 @pytest.mark.slow
 def test_a_long_one_line_document_is_preprocessed_in_bounded_memory(tmp_path, hf_tokenizer_file):
-    """A 16 MB one-line document: peak memory of the tool stays under 1 GiB (whole-text encoding: several GiB)."""
+    """A 16 MB one-line document: peak memory of the tool stays under 1 GiB (encoding it whole would hold many
+    times that)."""
     words = natural_text().split()
     line = " ".join(words[i % len(words)] for i in range(3_000_000))[:16 << 20]
     (tmp_path / "big.jsonl").write_text(json.dumps({"text": line}) + "\n")

@@ -90,7 +90,7 @@ def test_only_good_documents_come_out_and_every_bad_line_is_reported(files, dama
             assert damage is not None and f"cannot read input {damaged}" in str(error), error
             assert sorted(p.name for p in Path(directory).iterdir() if p.name.startswith("out")) == []
             return
-        except ValueError as error:  # no good document anywhere: an error, and no output (issue 21)
+        except ValueError as error:  # no good document anywhere: an error, and no output
             assert str(error).startswith(f"no documents in {paths[0]}"), error
             assert not any(text is not None for _, _, file_records in files for _, text in file_records)
             assert sorted(p.name for p in Path(directory).iterdir() if p.name.startswith("out")) == []

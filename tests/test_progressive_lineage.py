@@ -16,13 +16,24 @@ from pathlib import Path
 import pytest
 import yaml
 
+from megatron.checkpoint.growth_record import read_growth_record, write_growth_record
 from megatron.checkpoint.manifest import checkpoint_files, content_digest, record_file, write_manifest
 from megatron.progressive.lineage_check import changed_stage_lines, check_unchanged, prepare_stages
 from megatron.progressive.local import clear_incomplete_growth
 from megatron.progressive.plan import PlanError, read_plan
+from megatron.progressive.progress import pending_steps
 from megatron.progressive.stage_config import resolve_plan
 from tests.conftest import REPO
-from tests.test_progressive_scaling import DRIVER, GROWN, TOLERANCE, run_driver, stage_records, two_stages, write_plan
+from tests.test_progressive_scaling import (
+    DRIVER,
+    GROWN,
+    TINY,
+    TOLERANCE,
+    run_driver,
+    stage_records,
+    two_stages,
+    write_plan,
+)
 
 
 def driver(plan: Path, *options: str) -> subprocess.CompletedProcess:
@@ -162,31 +173,88 @@ def test_a_chain_training_job_checks_the_lineage_before_it_trains(demo_data, tmp
     assert not (tmp_path / "work" / "s1" / "checkpoints").exists()
 
 
-# --- a lineage that cannot be skipped (issue 42, item 3): checkpoints written here, nothing trained ---
+# --- a lineage that cannot be skipped: checkpoints written here, nothing trained ---
 
-def committed(checkpoints: Path, step: int, weights: bytes) -> Path:
-    """A committed checkpoint of `weights` (with its manifest) as the newest of `checkpoints`."""
+def committed(checkpoints: Path, step: int, weights: bytes, source_sha256: str | None = None) -> Path:
+    """A committed checkpoint of `weights` (with its manifest) as the newest of `checkpoints`; `source_sha256`: the
+    digest of the checkpoint it was grown from, pinned in its growth record as the grow tool pins it."""
     tag = checkpoints / f"global_step{step}"
     tag.mkdir(parents=True)
     (tag / "mp_rank_00_model_states.pt").write_bytes(weights)
+    if source_sha256:
+        write_growth_record(tag, {"format": 1, "grown_from": {"qkv_slot_num": 64, "proj_slot_num": 64,
+                                                              "ffn_slot_num": 256}, "source_sha256": source_sha256})
     write_manifest(tag, [record for name in checkpoint_files(tag) for record in record_file(tag, name)])
     (checkpoints / "latest").write_text(tag.name)
     return tag
 
 
 def grown_plan(demo_data: Path, tmp_path: Path):
-    """s1 trained (its final checkpoint, global_step4), s2 grown from it (global_step0), both pinned."""
+    """s1 trained (its final checkpoint, global_step4), s2 grown from it (global_step0, the source's digest pinned
+    in it), both pinned."""
     plan = read_plan(write_plan(tmp_path, demo_data, two_stages()))
     prepare_stages(plan, resolve_plan(plan))  # both pinned before anything runs
-    committed(plan.checkpoints(plan.stages[0]), 4, b"s1 weights")
+    source = committed(plan.checkpoints(plan.stages[0]), 4, b"s1 weights")
     prepare_stages(plan, resolve_plan(plan))  # s2 pinned again before it grows, s1 held to its lineage
-    committed(plan.checkpoints(plan.stages[1]), 0, b"s2 grown")
+    committed(plan.checkpoints(plan.stages[1]), 0, b"s2 grown", content_digest(source))
     return plan
+
+
+def test_a_finished_predecessor_deleted_after_the_growth_neither_blocks_nor_is_redone(demo_data, tmp_path):
+    """Deleting s1's checkpoints once s2 grew (to save quota): s2 is not changed, continues (scored, trained), is not
+    redone by --redo-changed, and a chain's check job passes; s1 is not retrained."""
+    plan = grown_plan(demo_data, tmp_path)
+    shutil.rmtree(plan.checkpoints(plan.stages[0]))
+    resolved = resolve_plan(plan)
+    assert changed_stage_lines(plan, resolved) == []
+    assert prepare_stages(plan, resolved, redo=True) == []
+    assert (tmp_path / "work" / "s2" / "checkpoints" / "global_step0").is_dir()
+    check_unchanged(plan, resolve_plan(plan), plan.stages)
+    assert [(step.kind, step.stage.name) for step in pending_steps(plan, resolved)] == [
+        ("evaluate", "s2"), ("train", "s2"), ("finish", "s2")]
+    (tmp_path / "work" / "s2" / "lineage.json").unlink()  # pinned anew from the digest s2's checkpoint carries
+    assert prepare_stages(plan, resolve_plan(plan), adopt=True)[0].startswith("s2: pinned as the plan")
+    assert lineage(tmp_path / "work", "s2")["source_sha256"] == read_growth_record(
+        tmp_path / "work" / "s2" / "checkpoints" / "global_step0")["source_sha256"]
+
+
+def test_a_dry_run_with_redo_changed_lists_the_stages_it_would_redo_and_their_steps(demo_data, tmp_path, capsys):
+    from tools.progressive_scaling import main
+
+    plan = grown_plan(demo_data, tmp_path)
+    shared = plan.configs[-1]
+    shared.write_text(yaml.safe_dump({**yaml.safe_load(shared.read_text()), "weight_decay": 0.01}))
+    assert main([str(plan.path), "--dry-run", "--redo-changed"]) == 0
+    out = capsys.readouterr().out
+    assert f"with --redo-changed: s1, s2 redone from scratch (their directories moved to {tmp_path}/work/replaced/)" \
+        in out
+    steps = [line.split(":")[0].strip() for line in out.splitlines() if line.startswith("  s")]
+    assert steps == ["s1 train", "s2 grow", "s2 evaluate", "s2 train", "s2 finish"]
+    assert not (tmp_path / "work" / "replaced").exists()  # nothing done
+
+
+def test_a_changed_default_is_named_as_one_with_the_setting_that_keeps_it(demo_data, tmp_path):
+    """A stage whose lineage records a default other than today's (growth_mode preserve; the default is official),
+    resumed with no growth_mode in the plan: the refusal says the default changed and how to keep the recorded
+    value."""
+    plan = grown_plan(demo_data, tmp_path)
+    untouched = tmp_path / "tiny_without_growth_mode.yml"
+    untouched.write_text("".join(line for line in TINY.read_text().splitlines(keepends=True)
+                                 if not line.startswith("growth_mode")))
+    content = yaml.safe_load(plan.path.read_text())
+    plan.path.write_text(yaml.safe_dump({**content, "configs": [str(untouched), *content["configs"][1:]]}))
+    plan = read_plan(plan.path)
+    with pytest.raises(PlanError) as refused:
+        prepare_stages(plan, resolve_plan(plan))
+    assert ("growth_mode: recorded 'preserve', now 'official' (no config file of the plan and not the stage sets "
+            "growth_mode: its default changed since the stage started; set growth_mode: \"preserve\" in the plan to "
+            "continue as started)") in str(refused.value)
+    assert "config.weight_decay" not in str(refused.value)
 
 
 def test_a_started_stage_without_a_lineage_is_refused_until_adopted(demo_data, tmp_path):
     plan = grown_plan(demo_data, tmp_path)
-    (tmp_path / "work" / "s1" / "lineage.json").unlink()  # started by an older driver, or the file deleted
+    (tmp_path / "work" / "s1" / "lineage.json").unlink()  # a driver that wrote none, or the file deleted
     with pytest.raises(PlanError) as refused:
         prepare_stages(plan, resolve_plan(plan))
     assert (

@@ -108,6 +108,34 @@ def test_a_decay_length_inherited_from_the_shared_configs_is_refused(demo_data, 
     assert "set lr_decay_iters: 4 in the stage" in message
 
 
+def test_a_stage_value_its_key_refuses_is_named_as_the_plan_writes_it(demo_data, tmp_path):
+    stages = two_stages()
+    stages[1]["weight_decay"] = float("nan")  # `weight_decay: .nan` in the plan
+    message = refusal(write_plan(tmp_path, demo_data, stages))
+    assert message.startswith(f"{tmp_path / 'plan.yml'}: stage 's2' (stages[1]): weight_decay: nan is not a finite "
+                              "number") and "override" not in message
+
+
+def test_what_the_real_run_would_hit_is_refused_by_the_dry_run_too(demo_data, tmp_path, capsys):
+    """A √n ramp in the first stage (never grown: its launch would refuse it) and a work_dir under a regular file
+    (the run's first mkdir fails)."""
+    from tools.progressive_scaling import main
+
+    stages = two_stages()
+    stages[0]["norm_token_count_ramp_iters"] = 2
+    assert main([str(write_plan(tmp_path / "ramp", demo_data, stages)), "--dry-run"]) == 2
+    assert ("stage 's1' (stages[0]): key 'norm_token_count_ramp_iters': the first stage trains from scratch and is not "
+            "grown, so it has no n of √n to ramp from; set it in the stages that are grown") in capsys.readouterr().err
+    path = write_plan(tmp_path / "file", demo_data, two_stages())
+    (tmp_path / "file" / "work").write_text("")
+    content = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**content, "work_dir": str(tmp_path / "file" / "work" / "runs")}))
+    assert main([str(path), "--dry-run"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (f"progressive_scaling.py: error: {path}: work_dir {tmp_path}/file/work/runs cannot be a "
+                     f"directory: {tmp_path}/file/work is a file; choose another work_dir")
+
+
 @pytest.mark.parametrize("content, expected", [
     ({"configs": [str(TINY)], "work_dir": "w", "stages": [{"name": "a", "train_iters": 2}], "stage": []},
      "unknown key(s) 'stage'; a plan has only configs, work_dir, stages"),

@@ -33,7 +33,7 @@ def test_failing_rank_ends_a_hostfile_launch_within_seconds(demo_data, tmp_path,
 
 
 def test_a_killed_rank_is_named_as_the_cause(demo_data, monkeypatch):
-    """Issue 30: the job ended, but deepy.py pointed at the first error printed (another rank's consequence)."""
+    """deepy.py names the killed rank as the cause, not the first error printed (another rank's consequence)."""
     monkeypatch.setenv("KILL_RANK", "1")
     result = run_rank_check(demo_data, check=False)
     assert result.returncode != 0

@@ -1,4 +1,4 @@
-"""A rank joins its own launch's process group only (issue 30, item 1): real gloo processes and TCP stores."""
+"""A rank joins its own launch's process group only: real gloo processes and TCP stores."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def test_a_weights_only_checkpoint_is_a_warm_start_and_not_warned(saved):
 def test_deepy_prints_the_warnings_before_launching(zero_data_parallel_checkpoint, tmp_path):
     checkpoint = tmp_path / "checkpoints"
     shutil.copytree(zero_data_parallel_checkpoint.save, checkpoint)
-    # One iteration past the checkpoint's: at its iteration deepy.py would say there is nothing to train (issue 42)
+    # One iteration past the checkpoint's: at its iteration deepy.py would say there is nothing to train
     result = run_deepy("train.py", str(TINY), *zero_data_parallel_checkpoint.overrides, f"load={checkpoint}",
                        f"save={checkpoint}", "weight_decay=0.01", f"log_dir={tmp_path}/logs", "train_iters=3")
     warning = (f"warning: resuming {checkpoint / 'global_step2'} with weight_decay changed: saved 0.1, this run 0.01"

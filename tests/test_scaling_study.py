@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from benchmarks.incremental_scaling import run_study
-from benchmarks.incremental_scaling.ablation import factor_sentences
-from benchmarks.incremental_scaling.comparison import compute_to_reach, differences, loss_at, spread
+from benchmarks.incremental_scaling.ablation import best_path, factor_sentences
+from benchmarks.incremental_scaling.comparison import Reach, compute_to_reach, differences, loss_at, spread
 from benchmarks.incremental_scaling.curves import Curve, joined
 from benchmarks.incremental_scaling.report import (
     PathCurves,
@@ -195,48 +195,62 @@ def test_missing_corpus_is_one_error_before_any_run(tmp_path, capsys):
     assert not any((tmp_path / "w" / name).exists() for name in ("progressive", "scratch", "control", "results"))
 
 
+def test_the_knowledge_task_is_prepared_as_the_first_task_is(tmp_path):
+    """The second task's own parts, short of training (the quick run below trains the first task through the same
+    code): its corpus built, its quick plans valid and within one epoch, and the report's corpus line."""
+    args = run_study.parse_args(["--quick", "--task", "knowledge", "--work-dir", str(tmp_path)])
+    studies, prefix = run_study.prepare(args, "knowledge")
+    assert set(studies) == set(run_study.QUICK_SEEDS)
+    assert {"progressive", "official", "scratch", "control"} <= set(studies[1])
+    assert prefix.name == "knowledge_text_document"
+    assert run_study.corpus_line(prefix).startswith(f"Corpus: {prefix}, synthetic knowledge")
+
+
 @pytest.mark.slow
-def test_quick_runs_the_whole_study_on_both_tasks_and_writes_tables_plots_and_curves(tmp_path):
-    """`--quick` (the check `make scaling-study STUDY_ARGS=--quick` makes): both tasks' corpora, every growth path
-    of the ablation through the driver, the reference and the control, and the reports."""
+def test_quick_runs_the_whole_study_and_writes_its_table_plot_and_curves(tmp_path):
+    """`--quick` on the first task (the check `make scaling-study STUDY_ARGS=--quick` makes on both): every growth
+    path of the ablation through the driver, the reference and the control, and the report."""
     work = tmp_path / "study"
     result = subprocess.run([sys.executable, "-m", "benchmarks.incremental_scaling.run_study", "--quick",
-                             "--work-dir", str(work)], cwd=REPO, capture_output=True, text=True, timeout=1200)
+                             "--task", "markov", "--work-dir", str(work)], cwd=REPO, capture_output=True, text=True,
+                            timeout=1200)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    last = result.stdout.strip().splitlines()[-2:]
-    assert [line.split(": ")[0] for line in last] == ["markov", "knowledge"]
-    assert all(line.split(": ", 1)[1].startswith("verdict: not capacity-bound") for line in last)  # one seed
-    assert result.stdout.count("its first stage: a copy of") == 6 + 1  # every other path shares S1
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("markov: verdict: not capacity-bound")  # one seed
+    assert result.stdout.count("its first stage: a copy of") == 6  # every other path shares S1
     ablation_labels = ("| S1 → S2 (preserve, optimizer reset) |", "| S1 → S2 (preserve, √n of the new count) |",
                        "| S1 → S2 (official, optimizer carried over) |", "| S1 → S2 (official, √n of the old count) |",
                        "| S1 → S2 (preserve, √n ramped to the new count over 25% of the stage) |")
-    for task in ("markov", "knowledge"):
-        results = work / task / "results"
-        table = (results / "table.md").read_text()
-        assert all(label in table for label in (
-            "| S1 |", "| S2 (grown from S1, preserve) |", "| S2 (grown from S1, official) |",
-            "| S2 from scratch (reference) |", "| S1 trained longer |", "Prediction", "Regime check", "## Ablation"))
-        assert "restarted" not in table and "dense" not in table  # left out by --quick
-        assert table.strip().splitlines()[-1] == last[["markov", "knowledge"].index(task)].split(": ", 1)[1]
-        assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        curves = json.loads((results / "curves.json").read_text())["seeds"]["1"]["paths"]
-        first, second = curves["progressive"]["stages"]
-        assert second["compute"][0] == pytest.approx(first["compute"][-1])
-        if task == "knowledge":  # --quick: the ablation on the first task only
-            assert not any(label in table for label in ablation_labels) and "none of the ablation's paths ran" in table
-            continue
-        assert all(label in table for label in ablation_labels) and "Ablation verdict: one seed" in table
-        for key, keeps_function in (("progressive", True), ("preserve_fresh_optimizer", True),
-                                    ("preserve_norm_ramp", True), ("preserve_new_norm", False), ("official", False),
-                                    ("official_old_norm", False)):
-            s1, s2 = curves[key]["stages"]
-            assert s1["loss"] == first["loss"]  # the same S1 (a copy)
-            assert (s2["loss"][0] == pytest.approx(s1["loss"][-1], rel=1e-5)) == keeps_function, key
-        # official with the optimizer carried starts from official's grown model; only the updates differ
-        assert curves["official_carried_optimizer"]["stages"][1]["loss"][0] == pytest.approx(
-            curves["official"]["stages"][1]["loss"][0], rel=1e-6)
-        assert curves["official_carried_optimizer"]["stages"][1]["loss"][-1] != curves["official"]["stages"][1][
-            "loss"][-1]
+    results = work / "markov" / "results"
+    table = (results / "table.md").read_text()
+    assert all(label in table for label in (
+        "| S1 |", "| S2 (grown from S1, preserve) |", "| S2 (grown from S1, official) |",
+        "| S2 from scratch (reference) |", "| S1 trained longer |", "Prediction", "Regime check", "## Ablation"))
+    assert "restarted" not in table and "dense" not in table  # left out by --quick
+    assert table.strip().splitlines()[-1] == last.split(": ", 1)[1]
+    assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curves = json.loads((results / "curves.json").read_text())["seeds"]["1"]["paths"]
+    first, second = curves["progressive"]["stages"]
+    assert second["compute"][0] == pytest.approx(first["compute"][-1])
+    assert all(label in table for label in ablation_labels) and "Ablation verdict: one seed" in table
+    for key, keeps_function in (("progressive", True), ("preserve_fresh_optimizer", True),
+                                ("preserve_norm_ramp", True), ("preserve_new_norm", False), ("official", False),
+                                ("official_old_norm", False)):
+        s1, s2 = curves[key]["stages"]
+        assert s1["loss"] == first["loss"]  # the same S1 (a copy)
+        assert (s2["loss"][0] == pytest.approx(s1["loss"][-1], rel=1e-5)) == keeps_function, key
+    # official with the optimizer carried starts from official's grown model; only the updates differ
+    assert curves["official_carried_optimizer"]["stages"][1]["loss"][0] == pytest.approx(
+        curves["official"]["stages"][1]["loss"][0], rel=1e-6)
+    assert curves["official_carried_optimizer"]["stages"][1]["loss"][-1] != curves["official"]["stages"][1][
+        "loss"][-1]
+
+
+def test_a_task_whose_ablation_did_not_run_says_so():
+    """--quick runs the ablation on the first task only: the other tasks' reports say none of its paths ran."""
+    finals = {"progressive": [1.80], "official": [1.58]}
+    assert factor_sentences(finals)[-1] == ("Ablation verdict: none of the ablation's paths ran (--quick runs them on "
+                                            "the first task only).")
 
 
 def made_up_finals(new_norm: list[float], fresh_optimizer: list[float], official: list[float] | None = None):
@@ -269,3 +283,37 @@ def test_the_ablation_names_the_factor_that_carries_officials_lead():
                          "carries a difference.")
     assert factor_sentences({key: values[:1] for key, values in made_up_finals([1.6] * 3, [1.8] * 3).items()})[-1] \
         == "Ablation verdict: one seed, no spread to judge a factor by."
+
+
+def test_a_factor_that_moves_preserve_away_from_official_carries_nothing_and_preserves_lead_is_named_as_its():
+    """The verdict's sign guard: an effect beyond the spread but against the lead is no part of it; where preserve
+    ends lower, the lead a factor carries is preserve's."""
+    away = factor_sentences(made_up_finals(new_norm=[1.95, 1.96, 1.94], fresh_optimizer=[1.80, 1.815, 1.79]))
+    assert "The √n (√n of the new token count instead of the old): from preserve 0.1500 ± 0.0000 (exceeds the " \
+           "spread)" in " ".join(away)
+    assert away[-1].startswith("Ablation verdict: no factor varied alone moves preserve toward official beyond "
+                               "the spread (the optimizer state, the √n tried)")
+    behind = factor_sentences(made_up_finals(new_norm=[1.99, 2.01, 1.98], fresh_optimizer=[1.80, 1.815, 1.79],
+                                             official=[2.000, 2.015, 1.990]))
+    assert behind[0] == "Official minus preserve: 0.2017 ± 0.0029 (exceeds the spread)."
+    assert behind[-1] == ("Ablation verdict: the √n carries the difference: changed alone it moves preserve by "
+                          "0.1933 ± 0.0058, 96% of preserve's lead of 0.2017 ± 0.0029.")
+
+
+def reach_of(label: str, fractions: list, finals: list[float]) -> Reach:
+    return Reach(label, fractions, spread(finals), 0.9)
+
+
+def test_best_path_ranks_by_compute_where_every_seed_got_there_else_by_final_loss():
+    first = reach_of("A", [0.50, 0.52, 0.48], [1.60, 1.61, 1.59])
+    second = reach_of("B", [0.60, 0.61, 0.59], [1.58, 1.59, 1.57])
+    sometimes = reach_of("C", [0.10, None, 0.12], [1.50, 1.70, 1.52])  # less compute, but not in every seed
+    assert best_path({"b": second, "c": sometimes, "a": first}) == (
+        "Least compute to reach the reference's final loss in every seed: A, at 0.500 ± 0.020 of the reference's "
+        "compute; the next, B, needs 0.100 ± 0.010 more (exceeds the spread).")
+    assert best_path({"a": first}) == ("Least compute to reach the reference's final loss in every seed: A, at "
+                                       "0.500 ± 0.020 of the reference's compute.")
+    never = reach_of("D", [None, None, None], [1.65, 1.70, 1.60])
+    assert best_path({"d": never, "c": sometimes}) == (
+        "No growth reaches the reference's final loss in every seed; the lowest final loss: C, 1.5733 ± 0.1102; the "
+        "next, D, ends 0.0767 ± 0.0751 higher (within the spread).")

@@ -2,7 +2,8 @@
 
 sbatch jobs run tools/slurm/train.sbatch (hostfile from SLURM_JOB_NODELIST,
 srun launch, 2 tasks) to a checkpoint and resume it in a second job; a job
-array runs tools/slurm/preprocess.sbatch; a failing task ends its srun step.
+array runs tools/slurm/preprocess.sbatch; a failing task ends its srun step;
+tools/slurm/cluster_check.sbatch passes every section of the cluster check.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.distributed import free_port
 from tests.launch_checks import TINY, assert_job_ended_promptly, assert_ranks_joined, run_rank_check
 from tests.slurm_cluster import SlurmCluster
 from tests.system_packages import require_debian_packages
+from tests.test_cluster_check import report_sections
 from tests.test_training_e2e import data_overrides
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -149,3 +151,15 @@ def test_failing_task_ends_the_srun_step_within_seconds(slurm, demo_data, tmp_pa
     assert_ranks_joined(result, world_size=2)
     assert f"master {socket.gethostname()}" in result.stdout  # the first node of SLURM_STEP_NODELIST
     assert_job_ended_promptly(result, failed_rank=1)
+
+
+def test_cluster_check_job_passes_every_section_through_its_template(submit_env, demo_data, tmp_path):
+    output = tmp_path / "check.out"
+    result = sbatch(submit_env, ["--gpus-per-node=0", "--ntasks-per-node=2", f"--output={output}"],
+                    "tools/slurm/cluster_check.sbatch", TINY, *data_overrides(demo_data), f"master_port={free_port()}",
+                    "model_parallel_size=2", f"save={tmp_path}/save", f"log_dir={tmp_path}/logs")
+    text = output.read_text() if output.exists() else ""
+    assert result == ["COMPLETED"], f"job {result}\n{text}"
+    assert "launching 2 processes: srun --ntasks=2 --nodes=1 --ntasks-per-node=2" in text
+    assert "cluster check: PASS" in text and "Traceback" not in text
+    assert set(report_sections(tmp_path / "logs").values()) == {"PASS"}

@@ -1,7 +1,7 @@
 """End-to-end runs through `python deepy.py train.py ...`: real DeepSpeed, 2 processes on gloo.
 
 One training run of 40 iterations feeds several checks (loss drop, metrics,
-checkpoints, exact resume, eval_only), because each launch costs ~25 s here.
+checkpoints, exact resume, eval_only), because each launch is costly on a CPU.
 """
 
 from __future__ import annotations

@@ -7,14 +7,15 @@
 
 TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ffn_slot_num (or the flags)
 give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
-tokens, its growth_mode (or the flag) how they are made. Same counts and another layout re-shard only.
-official (the default: it trained best in the growth study, benchmarks/RESULTS.md): as the official
-TokenFormer code, old rows copied into a fresh init of the larger model (√n of the new count), optimizer state
-dropped and iteration 0. preserve: old tokens stay bit-exact, new keys are zero and the normalisation keeps the
-old n, so the grown model computes the same function; the Adam state is carried over (new tokens' moments zero)
-and the iteration and LR schedule continue. --norm-token-count
+tokens, its growth_mode (or the flag) how they are made. Same counts and another layout re-shard only: the
+weights, the n of √n, the optimizer state, the iteration and the growth record are kept, whatever the mode.
+official (the default): as the official TokenFormer code, old rows copied into a fresh init of the larger
+model (√n of the new count), optimizer state dropped and iteration 0. preserve: old tokens stay bit-exact, new
+keys are zero and the normalisation keeps the old n, so the grown model computes the same function; the Adam
+state is carried over (new tokens' moments zero) and the iteration and LR schedule continue. --norm-token-count
 and --reset-optimizer / --carry-optimizer (or the config's growth_norm_token_count and growth_optimizer) change
-one of these at a time. Train from NEW_DIR with `load: NEW_DIR` and the target config; nothing else to set.
+one of these at a time; docs/growth.md compares the modes. Train from NEW_DIR with `load: NEW_DIR` and the
+target config; nothing else to set.
 
 The source is only read; its files are checked against its manifest while growing, and nothing is published
 unless they match. The output is written under a temporary name and renamed when complete.
@@ -34,15 +35,26 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from megatron.checkpoint.commit import STAGING_PREFIX
-from megatron.checkpoint.growth_record import read_growth_record
-from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty
-from megatron.checkpoint.save import checkpoint_tag
-from megatron.config import load_config
-from megatron.formats.deepspeed.reader import SourceCheckpoint, checkpoint_directory, read_checkpoint, verify_checkpoint
-from megatron.formats.deepspeed.writer import CheckpointWriter
-from megatron.growth.grow import grown_states
-from megatron.growth.plan import GrowthPlan, pattention_entry, plan_growth
+from megatron.cli import describe, one_line_errors, stop_at_once_while_starting
+
+if __name__ == "__main__":  # before the imports below, which are slow (megatron/cli.py)
+    stop_at_once_while_starting("grow_checkpoint.py", "before anything was written")
+
+from megatron.checkpoint.commit import STAGING_PREFIX  # noqa: E402
+from megatron.checkpoint.growth_record import read_growth_record  # noqa: E402
+from megatron.checkpoint.manifest import content_digest  # noqa: E402
+from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty  # noqa: E402
+from megatron.checkpoint.save import checkpoint_tag  # noqa: E402
+from megatron.config import load_config  # noqa: E402
+from megatron.config.loader import keys_set  # noqa: E402
+from megatron.formats.deepspeed.reader import (SourceCheckpoint, checkpoint_directory, read_checkpoint,  # noqa: E402
+                                               verify_checkpoint)
+from megatron.formats.deepspeed.writer import CheckpointWriter  # noqa: E402
+from megatron.growth.grow import grown_states  # noqa: E402
+from megatron.growth.notes import default_mode_note  # noqa: E402
+from megatron.growth.plan import NORM_TOKEN_COUNTS, GrowthPlan, pattention_entry, plan_growth  # noqa: E402
+from megatron.model.args import GROWTH_MODES  # noqa: E402
+from megatron.model.spec import slot_keys  # noqa: E402
 
 Item = TypeVar("Item")
 _DONE = object()
@@ -62,8 +74,8 @@ def computed_ahead(items: Iterator[Item], ahead: int = 2) -> Iterator[Item]:
 def keep_freed_memory_for_reuse() -> bool:
     """Have glibc's malloc serve large blocks from its heap and keep freed ones there, so the next grown tensor
     of a size reuses memory the allocator itself knows is free, instead of a fresh mmap whose pages the kernel
-    faults in and zeroes one by one (a third of the tool's time at 1-5B size). The tool's own memory then stays
-    at its peak until it exits. False where the C library is not glibc (nothing changes)."""
+    faults in and zeroes one by one (figures: benchmarks/RESULTS.md, "Growth"). The tool's own memory then
+    stays at its peak until it exits. False where the C library is not glibc (nothing changes)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
@@ -93,9 +105,11 @@ def _layout(config) -> str:
 def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: str | None = None,
                     slot_overrides: dict[str, int | None] | None = None, *, zero_new_values: bool = False,
                     optimizer: str | None = None, reset_iteration: bool = False, allow_shrink: bool = False,
-                    growth_mode: str | None = None, norm: str | None = None) -> tuple[Path, GrowthPlan]:
+                    growth_mode: str | None = None, norm: str | None = None,
+                    announce: Callable[[str], None] | None = None) -> tuple[Path, GrowthPlan]:
     """Write the grown (or re-sharded) checkpoint of `load` into `save`; its tag directory and the plan.
-    `growth_mode`, `norm` ("old"/"new") and `optimizer` ("carry"/"reset"), where given, override the config's."""
+    `growth_mode`, `norm` ("old"/"new") and `optimizer` ("carry"/"reset"), where given, override the config's;
+    `announce` is given the line saying that the default chose the growth mode, where it did, before growing."""
     load, save = Path(load), Path(save)
     check_destination(load, save)
     tag_dir, created = checkpoint_directory(load, tag), not save.exists()
@@ -104,7 +118,7 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
         try:
             return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,
                          zero_new_values=zero_new_values, optimizer=optimizer, reset_iteration=reset_iteration,
-                         allow_shrink=allow_shrink, growth_mode=growth_mode, norm=norm)
+                         allow_shrink=allow_shrink, growth_mode=growth_mode, norm=norm, announce=announce)
         except BaseException as error:  # KeyboardInterrupt too: nothing half-written stays behind
             if created:
                 shutil.rmtree(save, ignore_errors=True)
@@ -116,18 +130,22 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
 def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
           slot_overrides: dict[str, int | None] | None, verified: Callable[[], None], *, zero_new_values: bool,
           optimizer: str | None, reset_iteration: bool, allow_shrink: bool, growth_mode: str | None,
-          norm: str | None) -> tuple[Path, GrowthPlan]:
+          norm: str | None, announce: Callable[[str], None] | None) -> tuple[Path, GrowthPlan]:
     """grow_checkpoint's work, publishing only after `verified()` returned (it raises for a corrupt source)."""
     plan = plan_growth(source.config, load_config(configs), slot_overrides, allow_shrink=allow_shrink,
                        zero_new_values=zero_new_values, mode=growth_mode, norm=norm, optimizer=optimizer)
+    note = default_mode_note(plan, keys_set(configs) | ({"growth_mode"} if growth_mode else set()))
+    if note and announce:
+        announce(note)
     reset_optimizer = plan.resets_optimizer
     reset_iteration = reset_iteration or plan.resets_iteration
     iteration = 0 if reset_iteration else source.iteration
+    record = plan.growth_record(read_growth_record(source.tag_dir))
     writer = CheckpointWriter(
         save, checkpoint_tag(iteration), plan.target, iteration=iteration,
         consumed_train_samples=0 if reset_iteration else source.consumed_train_samples,
         optimizer_step=None if reset_optimizer else source.optimizer_step,
-        growth_record=plan.growth_record(read_growth_record(source.tag_dir)))
+        growth_record=None if record is None else {**record, "source_sha256": content_digest(source.tag_dir)})
     norms: dict[str, int] = {}  # the n of √n the output holds per kind, for the growth record
     with writer:
         for name, state in computed_ahead(grown_states(source.names(), source.state, plan)):
@@ -136,7 +154,8 @@ def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
                 norms.setdefault(entry[0], int(state.weight))
             writer.write(name, state.without_moments() if reset_optimizer else state)
         verified()
-        if plan.grows:
+        if writer.growth_record is not None and (plan.grows or iteration != source.iteration):
+            # where a ramp starts: this growth, or this restart of the iteration (the n the output holds)
             writer.growth_record = {**writer.growth_record, "norm_token_count": norms, "iteration": iteration}
         return writer.commit(), plan
 
@@ -154,10 +173,10 @@ def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Nam
                  else "continues")
     verb = {(True, False): "grew", (False, True): "shrank", (True, True): "resized"}.get(
         (plan.grows, plan.shrinks), "re-sharded")
+    function = " (the function is kept)" if plan.keeps_function else " (the function changes)"
     lines = [f"{verb} {args.load} into {tag_dir} in {seconds:.1f} s",
              *(f"  {line}" for line in plan.summary()),
-             f"  growth mode: {plan.describe()}" + (" (the function is kept)" if plan.keeps_function else
-                                                    " (the function changes)"),
+             f"  growth mode: {plan.describe()}" + (function if plan.grows else ""),
              f"  layout: {_layout(plan.source)} -> {_layout(plan.target)}",
              f"  optimizer state: {optimizer}; iteration and LR schedule: {iteration}",
              f"  wrote {size / 2**20:,.1f} MiB"]
@@ -166,21 +185,22 @@ def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Nam
     return "\n".join(lines)
 
 
+@one_line_errors("grow_checkpoint.py")
 def main(argv: Sequence[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--load", type=Path, required=True, help="the source checkpoint directory (its `save`)")
     parser.add_argument("--tag", help="the checkpoint in --load to grow, e.g. global_step300 (default: `latest`)")
     parser.add_argument("--save", type=Path, required=True, help="a new directory for the grown checkpoint")
     parser.add_argument("--config", nargs="+", required=True, help="the target run's YAML files, merged left to right")
-    for kind in ("qkv", "proj", "ffn"):
-        parser.add_argument(f"--{kind}-slot-num", type=int, help=f"new {kind}_slot_num (default: the target config's)")
-    parser.add_argument("--growth-mode", choices=("preserve", "official"),
+    for key in slot_keys():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"new {key} (default: the target config's)")
+    parser.add_argument("--growth-mode", choices=GROWTH_MODES,
                         help="how new tokens are made (default: the target config's growth_mode, official unless "
                         "set): preserve keeps "
                         "the function; official copies the old rows into a fresh init as the official code does")
     parser.add_argument("--zero-new-values", action="store_true",
                         help="new value tokens zero instead of drawn from the init method (they then never learn)")
-    parser.add_argument("--norm-token-count", choices=("old", "new"),
+    parser.add_argument("--norm-token-count", choices=NORM_TOKEN_COUNTS,
                         help="the n of Θ's √n after growth (default: the config's growth_norm_token_count, else the "
                         "mode's: preserve old, official new); new changes the function")
     optimizer = parser.add_mutually_exclusive_group()
@@ -199,12 +219,12 @@ def main(argv: Sequence[str] | None = None) -> Path:
     try:
         tag_dir, plan = grow_checkpoint(
             args.load, args.save, args.config, args.tag,
-            {"qkv_slot_num": args.qkv_slot_num, "proj_slot_num": args.proj_slot_num,
-             "ffn_slot_num": args.ffn_slot_num},
+            {key: getattr(args, key) for key in slot_keys()},
             zero_new_values=args.zero_new_values, optimizer=args.optimizer, reset_iteration=args.reset_iteration,
-            allow_shrink=args.allow_shrink, growth_mode=args.growth_mode, norm=args.norm_token_count)
+            allow_shrink=args.allow_shrink, growth_mode=args.growth_mode, norm=args.norm_token_count,
+            announce=lambda note: print(note, flush=True))
     except (ValueError, OSError) as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: {describe(error)}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{parser.prog}: interrupted; --save {args.save} holds nothing of this run\n")
     print(_summary(tag_dir, plan, time.perf_counter() - start, args))

@@ -1,12 +1,14 @@
 """Print a TokenFormer's parameter counts by component and its training FLOPs per token.
 
-    python tools/model_summary.py configs/150M.yml [more.yml ...] [--vocab-size N] [--json]
+    python tools/model_summary.py configs/150M.yml [more.yml ...] [key=value ...] [--vocab-size N] [--json]
 
 For a TokenFormer it also prints the dense Transformer baseline's count (model_type: transformer) at the same
 width and depth, and the dense width (heads of the same size) whose count is nearest the TokenFormer's at the
 same depth: the baseline config of equal parameter count for the paper's comparison.
 
-Later config files override earlier ones. The model is built on the meta device, so even the largest
+Later config files override earlier ones, and `key=value` arguments single keys (as deepy.py's). A problem
+(a missing file, a bad key or value) is one line on stderr and exit status 2. The model is built on the meta
+device, so even the largest
 configs take no memory. Configs normally leave padded_vocab_size unset (the tokenizer sets it when a run
 starts); the default here is GPT-NeoX-20B's 50277 tokens padded to a multiple of 128.
 """
@@ -18,6 +20,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from megatron.cli import one_line_errors, positive_int
 from megatron.config import load_config
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.parameter_count import count_parameters_by_component
@@ -65,16 +68,22 @@ def _print_table(summary: dict[str, int]) -> None:
             print(f"{name:<26}{value:>14,d}  ({value / 1e6:.1f}M)")
 
 
+@one_line_errors("model_summary.py")
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("configs", nargs="+", help="YAML config files, later ones override earlier ones")
-    parser.add_argument("--vocab-size", type=int, default=None,
+    parser.add_argument("configs", nargs="+", help="YAML config files, later ones override earlier ones, and "
+                        "key=value overrides")
+    parser.add_argument("--vocab-size", type=positive_int, default=None,
                         help=f"padded vocabulary size (default: the config's, else {DEFAULT_PADDED_VOCAB_SIZE})")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     options = parser.parse_args(argv)
+    files = [argument for argument in options.configs if "=" not in argument]
+    overrides = [argument for argument in options.configs if "=" in argument]
+    if not files:
+        parser.error("give at least one config file (key=value arguments override its keys)")
 
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed, imported by config checks, logs to stdout
-        cfg = load_config(options.configs)
+        cfg = load_config(files, overrides)
     vocab_size = options.vocab_size or cfg.padded_vocab_size or DEFAULT_PADDED_VOCAB_SIZE
     args = TokenFormerArgs.from_config(cfg, padded_vocab_size=vocab_size)
     summary = summarize(args)

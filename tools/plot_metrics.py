@@ -14,20 +14,27 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from megatron.cli import one_line_errors
+
 PANELS = (("lm_loss", "loss"), ("lr", "learning rate"), ("tokens_per_sec", "tokens/s"))
 
 
 def read_run(path: Path) -> list[dict]:
-    """The records of a run's metrics.jsonl (`path`: the file or its directory); ValueError naming a problem."""
+    """The records of a run's metrics.jsonl (`path`: the file or its directory); ValueError naming a problem. A
+    last line without its newline that is not JSON is left out: a run killed (or still) writing it."""
     file = path / "metrics.jsonl" if path.is_dir() else path
     if not file.is_file():
         raise ValueError(f"{path} holds no metrics.jsonl: pass a run's log_dir")
     records = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+    text = file.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    for number, line in enumerate(lines, start=1):
         if line.strip():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
+                if number == len(lines):  # no newline after it: a record cut short by a kill (or being written)
+                    break
                 raise ValueError(f"{file} line {number} is not JSON") from None
     if not records:
         raise ValueError(f"{file} is empty: the run logged nothing yet")
@@ -64,6 +71,7 @@ def plot(runs: dict[str, list[dict]]):
     return figure
 
 
+@one_line_errors("plot_metrics.py")
 def main(argv: Sequence[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="log_dir of a run (or its metrics.jsonl)")

@@ -20,6 +20,7 @@ import signal
 import sys
 
 # Run as `python tools/preprocess_data.py` from anywhere: make the repository's `megatron` importable.
+from megatron.cli import describe
 from megatron.data.corpus_reader import TXT_DOCUMENT_MODES, expand_inputs
 from megatron.data.preprocess import abort_in_progress, output_prefix_for, preprocess_corpus
 from megatron.tokenizer import SUPPORTED_TOKENIZER_TYPES, build_tokenizer
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
             show_progress=not args.no_progress,
         )
     except (OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {describe(error)}", file=sys.stderr)
         return 1
     for example in stats.skipped_examples:
         print(f"skipped {example}", file=sys.stderr)

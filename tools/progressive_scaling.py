@@ -38,7 +38,15 @@ from pathlib import Path
 from megatron.config import ConfigError
 from megatron.progressive.commands import REPO, shown
 from megatron.progressive.dry_run import stage_table, step_commands
-from megatron.progressive.lineage_check import ADOPT_FLAG, CHECK, REDO_FLAG, changed_stage_lines, prepare_stages
+from megatron.progressive.lineage_check import (
+    ADOPT_FLAG,
+    CHECK,
+    REDO_FLAG,
+    REPLACED,
+    changed_stage_lines,
+    prepare_stages,
+    stages_to_redo,
+)
 from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.processes import Interrupted, StepFailed
@@ -62,9 +70,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(the shared config files or the plan edited), and every stage after it, instead of refusing; "
                         "their directories are moved to work_dir/replaced/")
     parser.add_argument(ADOPT_FLAG, action="store_true",
-                        help="pin a started stage that has no lineage.json (started by an older driver, or the file "
-                        "deleted) or one naming its source by tag only, as the plan and its config files give it now, "
-                        "instead of refusing")
+                        help="pin a started stage that has no lineage.json (a driver that wrote none started it, or "
+                        "the file was deleted) or one naming its source by tag only, as the plan and its config "
+                        "files give it now, instead of refusing")
     parser.add_argument("--quiet", action="store_true", help="run locally without echoing each step's output")
     parser.add_argument("--step", choices=(GROW, FINISH, CHECK), help=argparse.SUPPRESS)  # a SLURM chain's jobs
     parser.add_argument("--stage", help=argparse.SUPPRESS)
@@ -110,13 +118,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(status_lines(plan, resolved)))
             return 0
         if args.dry_run:
-            steps = pending_steps(plan, resolved)
+            redone = stages_to_redo(plan, resolved) if args.redo_changed else []
+            steps = pending_steps(plan, resolved, {stage.name for stage in redone})
             mode = "a SLURM job chain" if args.slurm else "this machine"
             print(f"plan {plan.path}: {len(resolved)} stages in {plan.work_dir}, on {mode}\n")
             print("\n".join(stage_table(resolved)))
             changed = changed_stage_lines(plan, resolved)
             if changed:
                 print("\n" + "\n".join(changed))
+            if redone:
+                print(f"\nwith {REDO_FLAG}: {', '.join(stage.name for stage in redone)} redone from scratch (their "
+                      f"directories moved to {plan.work_dir / REPLACED}/)")
             print("\nsteps to do:" if steps else "\nnothing to do: the plan is complete")
             print("\n".join(f"  {line}" for line in step_commands(plan, resolved, steps, args.slurm,
                                                                   args.sbatch_option)))

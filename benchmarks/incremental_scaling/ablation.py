@@ -1,12 +1,13 @@
-"""The report's Ablation section (issue 41): which of the factors by which the growth modes differ carries the
+"""The report's Ablation section: which of the factors by which the growth modes differ carries the
 difference between them.
 
 preserve and official differ in three things (docs/growth.md): the new keys (zero or from the init), the n of
 Θ's √n (old or new) and Adam's state (carried or reset). The ablation's paths (runs.ABLATION) change one factor
 of a mode at a time, from the same first stage, so each factor's effect is a seed-paired difference of final
 losses: the variant minus the mode it was changed from, written "toward official" (preserve changed to official's
-choice, or official minus official changed back). A factor **carries** official's lead when its effect has the
-lead's sign and exceeds the spread; where several do, the largest is named, with its share of the lead. The new
+choice, or official minus official changed back). A factor **carries** the lead (official's, or preserve's where
+preserve ends lower) when its effect has the lead's sign and exceeds the spread; where several do, the largest
+is named, with its share of the lead. The new
 keys are not varied alone: what the varied factors leave of the lead is theirs (or the factors' interaction).
 Every sentence is computed from the table's numbers (factor_sentences takes the final losses alone, so a test can
 feed it made-up ones).
@@ -15,13 +16,9 @@ feed it made-up ones).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
-from benchmarks.incremental_scaling.comparison import Spread, differences, spread
+from benchmarks.incremental_scaling.comparison import Reach, Spread, differences, spread
 from benchmarks.incremental_scaling.runs import RAMP_SHARE
-
-if TYPE_CHECKING:
-    from benchmarks.incremental_scaling.report import Reach
 
 # factor -> (the change toward official, [(variant, base) pairs whose final-loss difference measures it, the
 # first from preserve]). A pair's difference is variant − base with the variant on official's side of the factor.
@@ -90,8 +87,9 @@ def _verdict(lead: Spread, effects: Mapping[str, Spread]) -> str:
     factor = max(carrying, key=lambda name: abs(carrying[name].mean))
     share = carrying[factor].mean / lead.mean
     others = [name for name in carrying if name != factor]
+    leader = "official" if lead.mean < 0 else "preserve"  # the lead is official minus preserve: lower is better
     return (f"Ablation verdict: {factor} carries the difference: changed alone it moves preserve by "
-            f"{carrying[factor].text(4)}, {share:.0%} of official's lead of {lead.text(4)}"
+            f"{carrying[factor].text(4)}, {share:.0%} of {leader}'s lead of {lead.text(4)}"
             + (f" ({' and '.join(others)} also beyond the spread)" if others else "") + ".")
 
 

@@ -79,5 +79,35 @@ def differences(first: Sequence[float], second: Sequence[float]) -> Spread:
     return spread([a - b for a, b in zip(first, second)])
 
 
+@dataclass(frozen=True)
+class Reach:
+    """Where one run reaches its seed's reference's final loss, over the seeds."""
+
+    label: str
+    fractions: list[float | None]  # of the reference's compute; None: never reached
+    final: Spread
+    compute: float  # the run's training compute over the reference's (the same for every seed)
+
+    @property
+    def reached(self) -> Spread | None:
+        values = [value for value in self.fractions if value is not None]
+        return spread(values) if values else None
+
+    @property
+    def saving(self) -> Spread | None:
+        """1 - the fraction, over the seeds where the run got there."""
+        reached = self.reached
+        return None if reached is None else spread([1 - value for value in reached.values])
+
+    def count(self) -> str:
+        return f"{sum(value is not None for value in self.fractions)} of {len(self.fractions)} seeds"
+
+    def text(self) -> str:
+        reached = self.reached
+        if reached is None:
+            return "not reached"
+        return f"{reached.text()}" + ("" if None not in self.fractions else f" ({self.count()})")
+
+
 def tflop_text(value: float) -> str:
     return f"{value / 1e12:.3f} TFLOP"

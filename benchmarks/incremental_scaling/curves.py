@@ -1,4 +1,4 @@
-"""Validation loss against cumulative training compute, read from a run's own outputs.
+"""Validation loss against cumulative training compute, read from a run's own outputs, and one seed's curves.
 
 Compute is counted the way the training log counts it: FLOPs per token from megatron/model/flops.py (the
 config a run saved with its checkpoint, so the count is of what actually ran) times the tokens of every
@@ -86,3 +86,29 @@ def run_curves(run: Run, labels: list[str]) -> tuple[list[Curve], list[Config]]:
         configs.append(cfg)
         start = curves[-1].total_compute
     return curves, configs
+
+
+@dataclass(frozen=True)
+class PathCurves:
+    """A path's stages, the configs they saved, and the whole path as one curve."""
+
+    stages: list[Curve]
+    configs: list[Config]
+    path: Curve
+
+
+@dataclass(frozen=True)
+class SeedCurves:
+    """One seed's curves: the three paths by run key, and the reference, control and dense runs."""
+
+    seed: int
+    paths: dict[str, PathCurves]
+    singles: dict[str, Curve]
+    single_configs: dict[str, Config]
+
+    @property
+    def reference(self) -> Curve:
+        return self.singles["scratch"]
+
+    def curve(self, key: str) -> Curve:
+        return self.paths[key].path if key in self.paths else self.singles[key]

@@ -9,7 +9,6 @@ from the first growth on; the legend sits below both, off the curves.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -17,10 +16,7 @@ matplotlib.use("Agg")  # files only: no display on a training machine
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from benchmarks.incremental_scaling.curves import Curve  # noqa: E402
-
-if TYPE_CHECKING:
-    from benchmarks.incremental_scaling.report import SeedCurves
+from benchmarks.incremental_scaling.curves import Curve, SeedCurves  # noqa: E402
 
 STYLES = {"progressive": ("tab:red", "-"), "official": ("tab:purple", "-."), "restarts": ("tab:orange", ":"),
           "control": ("tab:blue", "--"), "dense": ("tab:brown", "-"), "scratch": ("tab:green", "-")}

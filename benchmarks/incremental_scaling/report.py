@@ -14,41 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.incremental_scaling.ablation import ablation_section
-from benchmarks.incremental_scaling.comparison import Spread, compute_to_reach, differences, loss_at, spread
-from benchmarks.incremental_scaling.curves import Curve, joined, run_curves
+from benchmarks.incremental_scaling.comparison import Reach, Spread, compute_to_reach, differences, loss_at, spread
+from benchmarks.incremental_scaling.curves import PathCurves, SeedCurves, joined, run_curves
 from benchmarks.incremental_scaling.plot import plot_study
 from benchmarks.incremental_scaling.runs import GROWN, PATHS, Run
-from megatron.config import Config
 from megatron.progressive.costs import StageCost, stage_cost
 
 SINGLE_RUNS = {"scratch": "{last} from scratch (reference)", "control": "{first} trained longer",
                "dense": "dense Transformer of {last}'s size, from scratch"}
-
-
-@dataclass(frozen=True)
-class PathCurves:
-    """A path's stages, the configs they saved, and the whole path as one curve."""
-
-    stages: list[Curve]
-    configs: list[Config]
-    path: Curve
-
-
-@dataclass(frozen=True)
-class SeedCurves:
-    """One seed's curves: the three paths by run key, and the reference, control and dense runs."""
-
-    seed: int
-    paths: dict[str, PathCurves]
-    singles: dict[str, Curve]
-    single_configs: dict[str, Config]
-
-    @property
-    def reference(self) -> Curve:
-        return self.singles["scratch"]
-
-    def curve(self, key: str) -> Curve:
-        return self.paths[key].path if key in self.paths else self.singles[key]
 
 
 def names(run: Run) -> list[str]:
@@ -148,36 +121,6 @@ def regime(seeds: list[SeedCurves]) -> Regime:
     reference = [seed.reference.final_loss for seed in seeds]
     small = [loss_at(seed.singles["control"], seed.reference.total_compute) for seed in seeds]
     return Regime(spread(reference), spread(small), differences(small, reference))
-
-
-@dataclass(frozen=True)
-class Reach:
-    """Where one run reaches its seed's reference's final loss, over the seeds."""
-
-    label: str
-    fractions: list[float | None]  # of the reference's compute; None: never reached
-    final: Spread
-    compute: float  # the run's training compute over the reference's (the same for every seed)
-
-    @property
-    def reached(self) -> Spread | None:
-        values = [value for value in self.fractions if value is not None]
-        return spread(values) if values else None
-
-    @property
-    def saving(self) -> Spread | None:
-        """1 - the fraction, over the seeds where the run got there."""
-        reached = self.reached
-        return None if reached is None else spread([1 - value for value in reached.values])
-
-    def count(self) -> str:
-        return f"{sum(value is not None for value in self.fractions)} of {len(self.fractions)} seeds"
-
-    def text(self) -> str:
-        reached = self.reached
-        if reached is None:
-            return "not reached"
-        return f"{reached.text()}" + ("" if None not in self.fractions else f" ({self.count()})")
 
 
 def reach(seeds: list[SeedCurves], key: str) -> Reach:

@@ -1,8 +1,8 @@
-"""Does growing save compute against training the large model from scratch? The growth study (issues 19, 28),
+"""Does growing save compute against training the large model from scratch? The growth study,
 run by the framework's own driver.
 
     .venv/bin/python -m benchmarks.incremental_scaling.run_study            # the study, both tasks
-    .venv/bin/python -m benchmarks.incremental_scaling.run_study --quick    # a check of the whole: a few minutes
+    .venv/bin/python -m benchmarks.incremental_scaling.run_study --quick    # a quick check of the whole
         [--task markov knowledge] [--data-path PREFIX --vocab-file FILE] [--work-dir DIR] [--plan PLAN]
         [--scratch-iters N] [--scale F] [--seeds N ...] [--fresh]
 
@@ -11,7 +11,7 @@ progressive path S1 -> S2 -> S3 (configs/plan.yml: each stage 2x the parameter t
 growth mode preserve, the same path in growth mode official, the ablation (the path with one factor of a mode
 changed: runs.ABLATION), the same stages without growth (the restarts alone), S3 from scratch (the reference),
 S1 trained longer (the control) and the dense Transformer of S3's size from scratch. All share configs/common.yml
-and the task's corpus, built first if missing (in a second): markov (data_prep/markov_corpus.py) and knowledge
+and the task's corpus, built first if missing: markov (data_prep/markov_corpus.py) and knowledge
 (data_prep/knowledge_corpus.py), two tasks whose optimum needs capacity; --data-path runs one other corpus.
 Before anything trains, every run's config is checked and the FLOPs formula's prediction printed; then the runs,
 then WORK_DIR/TASK/results/: curves.json, table.md, scaling.png. The last lines printed are each task's verdict:

@@ -1,7 +1,7 @@
 """The study's runs for one seed, written as plans for tools/progressive_scaling.py's driver under
 WORK_DIR/seed<N>/plans/:
 
-- progressive.yml: configs/plan.yml, S1 -> S2 -> S3 (its growth mode: preserve, the default);
+- progressive.yml: configs/plan.yml, S1 -> S2 -> S3 in growth mode preserve (configs/common.yml sets it);
 - progressive_official.yml: the same path with growth_mode official in every grown stage (new keys and values
   from the init, the norm over the new token count, a fresh optimizer, as the official code grows);
 - restarts.yml: the same stages, lengths, warmups, cosines and data restarts, every stage at S1's size: the path
@@ -13,7 +13,7 @@ WORK_DIR/seed<N>/plans/:
   model on the path's compute, and on the reference's (the regime check);
 - dense.yml: the dense Transformer (model_type transformer) with about S3's parameter count, trained as the
   reference is: the paper's baseline;
-- the ablation (ABLATION, issue 41): the progressive path with one factor of its growth mode changed, each a plan
+- the ablation (ABLATION): the progressive path with one factor of its growth mode changed, each a plan
   like progressive_official.yml: preserve with a fresh optimizer, preserve with √n of the new count, official
   with the optimizer state carried over, official with √n of the old count, and preserve with n of √n ramped to
   the new count (norm_ramp.py).
@@ -70,7 +70,7 @@ GROWN = {"progressive": ("preserve", lambda _: {}), "official": ("official", lam
          **ABLATION}
 PATHS = {**{key: how for key, (how, _) in GROWN.items()}, "restarts": "no growth"}  # run key -> how it grows
 SHARING_FIRST_STAGE = tuple(key for key in PATHS if key != "progressive")
-OPTIONAL = ("restarts", "dense")  # the controls of issue 28, left out by --quick
+OPTIONAL = ("restarts", "dense")  # the controls, left out by --quick
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def dense_shape(large: Config) -> dict[str, int]:
             continue
         heads = min(fitting, key=lambda h: abs(width // h - args.head_dim))
         dense = dataclasses.replace(args, model_type="transformer", hidden_size=width, num_attention_heads=heads,
-                                    qkv_slot_num=None, proj_slot_num=None, ffn_slot_num=None)
+                                    **dict.fromkeys(slot_keys()))
         gap = abs(parameter_counts(dense)["total_params"] - target)
         if best is None or gap < best[0]:
             best = (gap, width, heads)

@@ -41,6 +41,20 @@ def is_tag_name(name: str) -> bool:
     return name not in ("", ".", "..") and Path(name).name == name
 
 
+def read_latest(save_dir: Path) -> str | None:
+    """The tag `save_dir/latest` names, None without one; ValueError naming the file when it does not hold text
+    (damaged: a disk error, another program's write), which no checkpoint's name can be."""
+    marker = save_dir / LATEST
+    if not marker.is_file():
+        return None
+    held = marker.read_bytes()
+    try:
+        return held.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"{marker} is damaged: it holds {held[:32]!r}{'...' if len(held) > 32 else ''}, not a "
+                         "checkpoint's name such as global_step5") from None
+
+
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written; the previous one is untouched."""
 
@@ -69,8 +83,10 @@ def reporting_write_failures(save_dir: Path, tag: str) -> Iterator[None]:
         cause = error
         while cause.__context__ is not None:  # the first error of the chain; later ones come from cleaning up
             cause = cause.__context__
-        marker = save_dir / LATEST
-        previous = marker.read_text(encoding="utf-8").strip() if marker.is_file() else "none"
+        try:
+            previous = read_latest(save_dir) or "none"
+        except ValueError:
+            previous = "the one before, `latest` being damaged"
         raise CheckpointWriteError(
             f"could not save checkpoint {tag} in {save_dir} ({free_mb:.1f} MB free there): "
             f"{(str(cause).strip() or type(cause).__name__).splitlines()[0]}. The previous checkpoint ({previous}) "

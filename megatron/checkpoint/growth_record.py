@@ -4,13 +4,16 @@
      "grown_from": {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256},
      "norm_token_count": {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256},
      "iteration": 0,
+     "source_sha256": "9f2c...",
      "frozen": {"qkv_slot_num": 64, "proj_slot_num": 64, "ffn_slot_num": 256}}
 
 `grown_from` is each kind of Pattention's token count before the last growth. Growth appends tokens, so
 those are a Pattention's leading tokens, the ones `freeze_old_param_tokens` keeps fixed. `norm_token_count` is
 the n of √n the grown checkpoint holds for each kind and `iteration` its iteration: where
 norm_token_count_ramp_iters starts (growth/norm_ramp.py); every growth writes both (records of older versions
-lack them). `frozen`, present
+lack them), and so does a re-shard that restarts the iteration, so that a ramp never restarts from an earlier n.
+`source_sha256` is the content digest (checkpoint/manifest.py) of the checkpoint the grow tool read: what the
+model was last grown (or re-sharded) from, kept when that checkpoint is deleted. `frozen`, present
 only in checkpoints saved by a run that froze tokens, is what that run froze: its optimizer state covers
 only the other tokens. The grow tool writes the record; training carries it into every checkpoint it saves,
 so a frozen run resumes frozen and a later growth knows the model's history. Other keys are kept as they are.
@@ -19,6 +22,7 @@ so a frozen run resumes frozen and a later growth knows the model's history. Oth
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,9 @@ def _check(record: Any, where: str) -> dict:
     problems = [] if record.get("format") == FORMAT else [f"'format' must be {FORMAT}, got {record.get('format')!r}"]
     problems += [problem for key in ("grown_from", "frozen", "norm_token_count")
                  if (problem := _counts_problem(record, key))]
+    digest = record.get("source_sha256")
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        problems.append(f"'source_sha256' must be a SHA-256 in hex, got {digest!r}")
     iteration = record.get("iteration", 0)
     if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
         problems.append(f"'iteration' must be a non-negative integer, got {iteration!r}")

@@ -7,8 +7,13 @@ from pathlib import Path
 
 def require_new_or_empty(directory: str | Path, option: str = "--save") -> Path:
     """`directory` as a Path; FileExistsError naming `option` if it exists and is not an empty directory (and
-    naming what it holds when `ls` would show nothing: hidden entries only)."""
+    naming what it holds when `ls` would show nothing: hidden entries only), NotADirectoryError if a file on
+    its way would keep it from being created (found before any work, not when the first file is written)."""
     directory = Path(directory)
+    blocker = next((folder for folder in directory.absolute().parents if folder.exists()), None)
+    if not directory.exists() and blocker is not None and not blocker.is_dir():
+        raise NotADirectoryError(f"{option} {directory} cannot be created: {blocker} is a file, not a directory; "
+                                 "choose another path")
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         hidden = sorted(entry.name for entry in directory.iterdir()) if directory.is_dir() else []
         only_hidden = hidden and all(name.startswith(".") for name in hidden)

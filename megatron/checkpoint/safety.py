@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import importlib
 import pickle
+import threading
 import zipfile
 from functools import cache
 from pathlib import Path
@@ -55,9 +56,14 @@ def enum_member(cls: Any, name: Any) -> enum.Enum:
     return cls[name]
 
 
+# torch's safe_globals is process-wide: a thread leaving it takes the allowance from another still loading.
+_ALLOWANCE = threading.Lock()
+
+
 def load_checkpoint_file(path: Path) -> Any:
-    """A DeepSpeed checkpoint file, memory-mapped, unpickling only tensors, containers and DeepSpeed's classes."""
-    with torch.serialization.safe_globals([*deepspeed_classes(), (enum_member, ENUM_LOOKUP)]):
+    """A DeepSpeed checkpoint file, memory-mapped, unpickling only tensors, containers and DeepSpeed's classes
+    (one thread at a time: files are screened and verified on several)."""
+    with _ALLOWANCE, torch.serialization.safe_globals([*deepspeed_classes(), (enum_member, ENUM_LOOKUP)]):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
@@ -72,7 +78,7 @@ def torch_file_problems(path: Path) -> list[str]:
     name = path.name
     try:
         unexpected = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    except (RuntimeError, ValueError, OSError) as error:
+    except (RuntimeError, ValueError, OSError, pickle.UnpicklingError) as error:
         if path.is_file() and _is_legacy_torch_file(path):
             return [f"{name} is in torch's legacy format (saved before torch 1.6), whose pickle cannot be screened "
                     "without running it: if you trust it, load it with torch.load(weights_only=False) and torch.save "

@@ -11,12 +11,14 @@ path outside the directory (a tag is a directory name in it).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from megatron.checkpoint.commit import CHECKPOINT_TAG, LATEST, STAGING_PREFIX, is_tag_name
+from megatron.checkpoint.commit import CHECKPOINT_TAG, LATEST, STAGING_PREFIX, is_tag_name, read_latest
 from megatron.checkpoint.manifest import FileRecord, checkpoint_files, file_problems, read_manifest
 from megatron.checkpoint.safety import CheckpointRefused, unpickling_problems
 from megatron.checkpoint.work_split import is_rank_0, map_over_ranks, same_on_all_ranks
@@ -34,13 +36,16 @@ def _warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _newest_first(load_dir: Path) -> list[str]:
-    """`latest`'s tag, then every global_stepN, highest N first."""
-    marker = load_dir / LATEST
-    named = [marker.read_text(encoding="utf-8").strip()] if marker.is_file() else []
+def _newest_first(load_dir: Path) -> tuple[list[str], str | None]:
+    """`latest`'s tag, then every global_stepN, highest N first; and why `latest` was not read, if it is damaged."""
+    try:
+        latest, damaged = read_latest(load_dir), None
+    except ValueError as error:
+        latest, damaged = None, str(error)
+    named = [] if latest is None else [latest]
     steps = sorted(((int(m.group(1)), p.name) for p in load_dir.iterdir()
                     if (m := CHECKPOINT_TAG.match(p.name)) and p.is_dir()), reverse=True)
-    return named + [tag for _, tag in steps if tag not in named]
+    return named + [tag for _, tag in steps if tag not in named], damaged
 
 
 def holds_checkpoints(directory: Path) -> bool:
@@ -85,6 +90,18 @@ def screened_file_problems(directory: Path) -> list[str]:
     return [problem for name in names for problem in _one_file_problems(directory, records, name, hashed=False)]
 
 
+def verified_file_problems(directory: Path) -> list[str]:
+    """screened_file_problems, and every file's SHA-256 against the manifest: checkpoint_problems' verdict, in
+    this one process (files hashed side by side: hashlib releases the GIL)."""
+    inventory = _inventory(directory)
+    if isinstance(inventory, str):
+        return [inventory]
+    records, names = inventory
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        found = pool.map(partial(_one_file_problems, directory, records), names)
+    return [problem for problems in found for problem in problems]
+
+
 def checkpoint_problems(directory: Path) -> list[str]:
     """Collective: why `directory` cannot be resumed from ([] if it can)."""
     inventory = same_on_all_ranks(_inventory(directory))
@@ -102,8 +119,10 @@ def newest_usable_tag(load_dir: str | None,
     if not load_dir or not Path(load_dir).is_dir():
         return None, []
     directory = Path(load_dir)
-    candidates = same_on_all_ranks(_newest_first(directory))
+    candidates, damaged_latest = same_on_all_ranks(_newest_first(directory))
     skipped = [f"{p.name}: an interrupted save" for p in sorted(directory.glob(f"{STAGING_PREFIX}global_step*"))]
+    if damaged_latest:
+        skipped.append(f"{LATEST}: {damaged_latest}; not followed")
     for tag in candidates:
         if not is_tag_name(tag):
             skipped.append(f"{tag}: `{LATEST}` names it, but a checkpoint is a directory inside {directory} (such as "
@@ -114,11 +133,19 @@ def newest_usable_tag(load_dir: str | None,
             return tag, skipped
         skipped.append(f"{tag}: {'; '.join(problems)}")
         _refused.add((directory / tag).resolve())
-    if candidates:
+    if candidates or damaged_latest:
         raise CheckpointRefused(
             f"load={directory}: no checkpoint there can be resumed from:\n  " + "\n  ".join(skipped)
             + "\nRestore the damaged files, or move these checkpoints away to start from scratch.")
     return None, skipped
+
+
+def tag_to_resume_before_launch(load_dir: str | None) -> tuple[str | None, list[str]]:
+    """newest_usable_tag as deepy.py judges it before launch, so that what it says of the checkpoint (its
+    iteration, the settings it changes, its fit to the model) is of the one the ranks will resume: files present
+    with their sizes, every pickle screened. Contents are hashed only by the ranks (resume_tag), except where the
+    decision not to launch rests on them (launch/preflight.py: nothing_left_to_train)."""
+    return newest_usable_tag(load_dir, screened_file_problems)
 
 
 def resume_tag(load_dir: str | None) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from megatron.config.schema import SCHEMA
+from megatron.config.schema import PATTENTION_KEYS, SCHEMA
 
 if TYPE_CHECKING:
     from megatron.config.config import Config
@@ -20,11 +20,6 @@ def _backend_on_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:
     if device_name == "cpu" and cfg.distributed_backend == "nccl":
         return [("distributed_backend", "nccl needs CUDA devices; this CPU run uses gloo")]
     return []
-
-
-# The keys of a TokenFormer's Pattention layers, which the dense baseline (model_type: transformer) does not have.
-PATTENTION_KEYS = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num", "norm_activation_type", "pattention_tau",
-                   "pattention_impl", "flash_backend")
 
 
 def _pattention_keys_of_a_dense_model(cfg: Config) -> list[tuple[str, str]]:

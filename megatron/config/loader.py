@@ -141,3 +141,11 @@ def load_config(
         origins[key] = f"override {override!r}"
     merged["config_files"] = files
     return Config.from_dict(merged, world_size, origins)
+
+
+def keys_set(paths: str | Path | Iterable[str | Path], overrides: Iterable[str] = ()) -> set[str]:
+    """The keys config files `paths` and `overrides` set themselves: every other key of their Config is the
+    schema's default (so a note can say that a default, not the user, chose a value)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    return {key for path in map(Path, paths) for key in _read_file(path)[1]} | {
+        parse_override(override)[0] for override in overrides}

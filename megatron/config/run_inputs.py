@@ -10,12 +10,13 @@ from pathlib import Path
 
 from megatron.config.config import Config
 from megatron.config.validate import raise_if_any
+from megatron.data.indexed_dataset import prefix_hint
 
 
 def _missing_dataset_files(key: str, prefix: str) -> str | None:
     missing = [f"{prefix}{suffix}" for suffix in (".bin", ".idx") if not Path(f"{prefix}{suffix}").is_file()]
     if missing:
-        return f"{key} = {prefix!r}: missing {', '.join(missing)}; prepare the dataset first"
+        return f"{key} = {prefix!r}: missing {', '.join(missing)}; {prefix_hint(prefix)}"
     return None
 
 
@@ -75,6 +76,10 @@ def _precision_problems(cfg: Config, device_name: str) -> list[str]:
 
 # Scripts that run a trained model instead of training one (docs/inference.md): they read `load`, not the data.
 INFERENCE_SCRIPTS = ("generate.py", "eval.py")
+# The cluster check (docs/cluster.md): checked as a training run is, since it checks that run's inputs, but it
+# trains nothing of its own and never resumes.
+CLUSTER_CHECK_SCRIPT = "cluster_check.py"
+CLUSTER_CHECK_FAILED = 3  # its exit status when a section failed: a verdict on the cluster, not an error
 
 
 def _inference_problems(cfg: Config, script: str) -> list[str]:

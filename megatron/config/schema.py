@@ -25,6 +25,7 @@ GROUPS = (
     "parallelism",
     "launcher",
     "inference",
+    "cluster check",
 )
 
 
@@ -64,7 +65,10 @@ class Key:
     `type` is one of bool, int, float, str, list, dict (`item` gives the type of
     list elements or mapping values). A default of None means "unset" and null is then accepted.
     `derived` explains how the value is computed when not given; `inactive` is
-    the reason the key has no effect in this framework.
+    the reason the key has no effect in this framework. `pattention` marks a setting of the Pattention layers
+    (the dense baseline has none); `token_count` one of their parameter-token counts, a `slot_key` of
+    megatron/model/spec.py (tests/test_model_spec.py pins the two equal): required of a TokenFormer and split
+    by tensor parallelism.
     """
 
     name: str
@@ -78,6 +82,8 @@ class Key:
     required: bool = False
     derived: str = ""
     inactive: str = ""
+    pattention: bool = False
+    token_count: bool = False
 
 
 _NO_FUSED_KERNELS = "no fused CUDA kernels here; the plain PyTorch operations are always used"
@@ -102,11 +108,11 @@ _MODEL = (
     Key("num_attention_heads", int, None, "model", "Token-token attention heads; must divide hidden_size.",
         valid_range=AT_LEAST_ONE, required=True),
     Key("qkv_slot_num", int, None, "model", "Key/value parameter tokens of the Pattention layers producing Q, K and V "
-        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE),
+        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE, pattention=True, token_count=True),
     Key("proj_slot_num", int, None, "model", "Key/value parameter tokens of the attention output Pattention layer "
-        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE),
+        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE, pattention=True, token_count=True),
     Key("ffn_slot_num", int, None, "model", "Key/value parameter tokens of the feed-forward Pattention layer "
-        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE),
+        "(required for model_type tokenformer).", valid_range=AT_LEAST_ONE, pattention=True, token_count=True),
     Key("seq_length", int, None, "model", "Tokens per training sample.", valid_range=AT_LEAST_ONE, required=True),
     Key("max_position_embeddings", int, None, "model", "Longest sequence the position encoding supports.",
         valid_range=AT_LEAST_ONE, derived="seq_length when not set"),
@@ -123,12 +129,12 @@ _MODEL = (
         "Use a separate output matrix instead of the transposed input embedding."),
     Key("norm_activation_type", str, "l2_norm_gelu", "model",
         "Score normalisation of Pattention: Theta in Theta(tau * X * K^T).",
-        choices=("l2_norm_gelu", "gelu_l2_norm", "softmax")),
+        choices=("l2_norm_gelu", "gelu_l2_norm", "softmax"), pattention=True),
     Key("pattention_tau", float, 1.0, "model",
         "Factor on the Pattention scores X * K^T before Theta. Not the paper's tau: there tau is the sqrt(n) "
         "factor, which l2_norm_gelu and gelu_l2_norm apply themselves; this key has no effect under "
         "l2_norm_gelu (the L2 normalisation cancels it) and the official layout cannot hold a value other than "
-        "1 (export refuses it).", valid_range=POSITIVE),
+        "1 (export refuses it).", valid_range=POSITIVE, pattention=True),
     Key("pattention_impl", str, "auto", "model",
         "How every Pattention is computed (the same function and gradients, different memory and time; "
         "docs/performance.md): auto takes fused unless the memory model says a training step of the configured "
@@ -138,12 +144,13 @@ _MODEL = (
         "score matrix per Pattention and is faster where "
         "memory does not limit the batch (on a CPU, always); plain is the "
         "reference formula under autograd (about three score matrices).",
-        choices=("auto", "plain", "fused", "flash")),
+        choices=("auto", "plain", "fused", "flash"), pattention=True),
     Key("flash_backend", str, "auto", "model",
-        "Θ's kernels on pattention_impl=flash's blocks of scores and fused's score matrix: auto (Triton on CUDA, "
-        "PyTorch otherwise), pytorch, or triton (also on a CPU, under Triton's interpreter: slow, for testing the "
-        "kernels).",
-        choices=("auto", "pytorch", "triton")),
+        "How Θ runs: triton runs pattention_impl=flash's l2 Θ as whole-Pattention Triton kernels that keep no score "
+        "tile in device memory, and Θ in Triton kernels on flash's softmax blocks of scores and fused's score "
+        "matrix; pytorch runs flash in blocks of scores with Θ in PyTorch. auto: triton on CUDA, pytorch otherwise; "
+        "triton also runs on a CPU, under Triton's interpreter (slow, for testing the kernels).",
+        choices=("auto", "pytorch", "triton"), pattention=True),
     Key("init_method", str, "normal", "model", "Initialisation of every weight except layer outputs.",
         choices=_INIT_METHODS),
     Key("output_layer_init_method", str, "scaled_normal", "model",
@@ -307,14 +314,13 @@ _CHECKPOINT = (
         "the smaller model's state over (tools/grow_checkpoint.py --reset-optimizer). Implied by growth_mode "
         "official unless growth_optimizer is carry; the same as growth_optimizer: reset."),
     Key("growth_mode", str, "official", "checkpoint",
-        "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens; official, the "
-        "default, trained best in the growth study (benchmarks/RESULTS.md, issue 41). preserve: "
-        "zero keys, values from the init, and sqrt(n) kept at the old token count, so the grown model computes "
-        "the same function; Adam state carried over. official: as the official TokenFormer code "
-        "(custom_load_fn_incremental): the old rows copied into a freshly initialised larger model, so new "
-        "keys and values come from the init and sqrt(n) is the new count (the function changes), a fresh "
-        "optimizer and iteration 0; softmax can grow. growth_optimizer and growth_norm_token_count change one of "
-        "these at a time. docs/growth.md.", choices=("preserve", "official")),
+        "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens. official: as "
+        "the official TokenFormer code (custom_load_fn_incremental): the old rows copied into a freshly "
+        "initialised larger model, so new keys and values come from the init and sqrt(n) is the new count (the "
+        "function changes), a fresh optimizer and iteration 0; softmax can grow. preserve: zero keys, values "
+        "from the init, and sqrt(n) kept at the old token count, so the grown model computes the same function; "
+        "Adam state carried over. growth_optimizer and growth_norm_token_count change one of these at a time. "
+        "docs/growth.md compares the modes.", choices=("preserve", "official")),
     Key("growth_optimizer", str, None, "checkpoint",
         "What growth does with Adam's state: carry (the old tokens' moments and the step count kept, the new "
         "tokens' moments zero) or reset (a fresh optimizer). Unset: the growth mode's (preserve carries, official "
@@ -425,11 +431,28 @@ _INFERENCE = (
         "eval.py writes PREFIX_eval_results.json (eval_results.json when empty)."),
 )
 
+# cluster_check.py's sections, in the order they run (docs/cluster.md).
+CLUSTER_CHECK_SECTIONS = ("environment", "collectives", "numerics", "golden", "throughput")
+
+_CLUSTER_CHECK = (
+    Key("cluster_check_sections", list, list(CLUSTER_CHECK_SECTIONS), "cluster check",
+        "The sections cluster_check.py runs (always in the order of the default), e.g. [collectives] to measure "
+        "the network again; docs/cluster.md.", item=str),
+    Key("cluster_check_golden", str, None, "cluster check",
+        "A golden loss curve file (python -m megatron.cluster_check.golden --write FILE) that cluster_check.py's "
+        "golden section reproduces on every device; unset: the repository's curve, made on a CPU."),
+    Key("cluster_check_busbw_floor", float, None, "cluster check",
+        "Least bus bandwidth (GB/s, nccl-tests' busbw) cluster_check.py accepts for every collective and group it "
+        "measures, at its largest message size; unset: no floor.", valid_range=POSITIVE),
+)
+
 SCHEMA: dict[str, Key] = {
     key.name: key
     for key in _MODEL + _OPTIMIZER + _TRAINING + _DATA + _CHECKPOINT + _LOGGING + _PARALLELISM + _LAUNCHER
-    + _INFERENCE
+    + _INFERENCE + _CLUSTER_CHECK
 }
+PATTENTION_KEYS = tuple(name for name, key in SCHEMA.items() if key.pattention)
+TOKEN_COUNT_KEYS = tuple(name for name, key in SCHEMA.items() if key.token_count)
 
 
 def defaults() -> dict[str, Any]:

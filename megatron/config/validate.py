@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from megatron.config.schema import SCHEMA, Key
+from megatron.config.schema import SCHEMA, TOKEN_COUNT_KEYS, Key
 
 
 class ConfigError(ValueError):
@@ -123,17 +123,13 @@ def _as_declared_type(key: Key, value: Any) -> Any:
     return value
 
 
-# Required of a TokenFormer only: the dense Transformer (model_type: transformer) has no parameter tokens.
-TOKENFORMER_REQUIRED = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num")
-
-
 def check_required(values: Mapping[str, Any]) -> None:
     """Every required key has a value."""
     tokenformer = values.get("model_type", "tokenformer") == "tokenformer"
     raise_if_any(
         f"{key.name} is required ({key.meaning.rstrip('.')}); set it in a config file or pass {key.name}=VALUE"
         for key in SCHEMA.values()
-        if (key.required or (tokenformer and key.name in TOKENFORMER_REQUIRED)) and values.get(key.name) is None
+        if (key.required or (tokenformer and key.token_count)) and values.get(key.name) is None
     )
 
 
@@ -151,7 +147,7 @@ def _tensor_parallel_splits_evenly(v: Mapping[str, Any]) -> str | None:
     tp = v["model_parallel_size"]
     uneven = [
         f"{name} {v[name]}"
-        for name in ("num_attention_heads", "qkv_slot_num", "proj_slot_num", "ffn_slot_num")
+        for name in ("num_attention_heads", *TOKEN_COUNT_KEYS)
         if v[name] is not None and v[name] % tp
     ]
     if uneven:
@@ -283,6 +279,15 @@ def _partition_method_is_known(v: Mapping[str, Any]) -> str | None:
     )
 
 
+def _cluster_check_sections_are_known(v: Mapping[str, Any]) -> str | None:
+    sections = SCHEMA["cluster_check_sections"].default  # all of them, in the order they run
+    unknown = [name for name in v["cluster_check_sections"] if name not in sections]
+    if unknown:
+        return (f"cluster_check_sections: {', '.join(map(repr, unknown))} is not a section; choose from "
+                f"{', '.join(sections)}")
+    return None
+
+
 # Signals a process can catch; SIGKILL and SIGSTOP cannot be.
 _CATCHABLE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGCONT", "SIGXCPU")
 
@@ -315,6 +320,19 @@ def _compile_section_is_known(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+# The data index, the sampler and the checkpoints count samples in 64-bit integers.
+MOST_SAMPLES = 2**63 - 1
+
+
+def _samples_can_be_counted(v: Mapping[str, Any]) -> str | None:
+    samples = v["train_iters"] * (v["train_batch_size"] or 1)
+    if samples <= MOST_SAMPLES:
+        return None
+    return (f"train_iters = {v['train_iters']} is beyond any run: {samples:.3g} samples of train_batch_size "
+            f"{v['train_batch_size'] or 1}, more than the data index and the checkpoints can count (2^63 - 1); "
+            "set the number of optimizer steps to train for")
+
+
 RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _heads_divide_hidden,
     _tensor_parallel_splits_evenly,
@@ -328,8 +346,10 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _pipeline_zero_stage,
     _every_stage_has_a_layer,
     _partition_method_is_known,
+    _cluster_check_sections_are_known,
     _exit_signals_are_catchable,
     _compile_section_is_known,
+    _samples_can_be_counted,
 )
 
 

@@ -1,8 +1,8 @@
 """Checks of a dataset before a launch: the problems that would otherwise crash, or silently spoil, a run.
 
 Everything is found from file sizes, the ``.idx`` header and the largest
-token id of the ``.bin``, so checking a Pile-sized dataset takes
-milliseconds once that id is known. tools/preprocess_data.py knows it and
+token id of the ``.bin``, so checking a Pile-sized dataset reads no token
+data once that id is known. tools/preprocess_data.py knows it and
 writes it to ``PREFIX.stats.json`` beside the data when it publishes the
 dataset; for a dataset made by other tools the ``.bin`` is scanned once in
 bounded chunks and the result cached in that same file. Like the index

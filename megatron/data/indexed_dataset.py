@@ -63,6 +63,22 @@ def data_file_path(prefix: str) -> str:
     return prefix + ".bin"
 
 
+def prefix_hint(prefix: str) -> str:
+    """What a data prefix is, for one that names no dataset, with the prefix meant where `prefix` is a dataset's
+    .bin or .idx file or the directory holding datasets."""
+    rule = ("the data prefix is the path without .bin/.idx (e.g. data/demo/demo_text_document), produced by "
+            "tools/preprocess_data.py")
+    stem, suffix = os.path.splitext(prefix)
+    if suffix in (".bin", ".idx") and os.path.isfile(data_file_path(stem)) and os.path.isfile(index_file_path(stem)):
+        return f"{rule}; for {prefix} that is {stem}"
+    found = sorted(name[:-4] for name in (os.listdir(prefix) if os.path.isdir(prefix) else ())
+                   if name.endswith(".idx") and os.path.isfile(os.path.join(prefix, name[:-4] + ".bin")))
+    if found:
+        meant = ", ".join(os.path.join(prefix, name) for name in found[:3]) + (", ..." if len(found) > 3 else "")
+        return f"{rule}; {prefix} is a directory, holding the dataset{'s' if len(found) > 1 else ''} {meant}"
+    return rule
+
+
 def best_fitting_dtype(vocab_size: int) -> type:
     """Smallest token dtype GPT-NeoX uses for a vocabulary: halves the .bin for vocabs < 65500."""
     if vocab_size <= 0:
@@ -167,10 +183,7 @@ class MMapIndexedDataset:
         idx_path, bin_path = index_file_path(prefix), data_file_path(prefix)
         for path in (idx_path, bin_path):
             if not os.path.isfile(path):
-                raise FileNotFoundError(
-                    f"indexed dataset file {path} not found: the data prefix must be the path without "
-                    f".bin/.idx (e.g. data/demo/demo_text_document), produced by tools/preprocess_data.py"
-                )
+                raise FileNotFoundError(f"indexed dataset file {path} not found: {prefix_hint(prefix)}")
         header = read_index_header(idx_path)
         num_sequences = header.num_sequences
         self._dtype = header.dtype

@@ -38,8 +38,8 @@ from megatron.data.indexed_dataset import (
 )
 from megatron.tokenizer import AbstractTokenizer
 
-# Documents longer than this are tokenized in pieces: a tokenizer's whole-text encoding costs about 100 bytes of
-# memory per character (a 50 MB one-line document took 6.2 GB).
+# Documents longer than this are tokenized in pieces: a tokenizer's whole-text encoding holds many times the
+# text's size in memory at once (docs/reliability.md, "preprocessing one 50 MB single-line document").
 PIECE_CHARACTERS = 1 << 20
 _WORD_BOUNDARY = re.compile(r"(?<=\S) (?=\S)")
 
@@ -172,8 +172,8 @@ def long_document_pieces(text: str, size: int | None = None, drop_space: bool = 
 
 _worker_encoder: DocumentEncoder | None = None
 # Workers start as fresh interpreters: fork copies whatever locks the parent's other threads hold at that moment
-# (tqdm's monitor, a tokenizer's thread pool, OpenMP's), and a worker that inherits one held waits forever (a
-# 2-worker run once stalled at 0 % under load). The encoder travels pickled.
+# (tqdm's monitor, a tokenizer's thread pool, OpenMP's), and a worker that inherits one held waits forever. The
+# encoder travels pickled.
 _POOL_CONTEXT = multiprocessing.get_context("spawn")
 
 

@@ -5,6 +5,9 @@ Loading is safe for untrusted files: torch.load(weights_only=True), which unpick
 containers only, or safetensors, which holds no code at all; a file that cannot be read is one
 CheckpointUnreadable naming it and why. Each weights file may have its resolved
 config beside it as `config.json` (the JSON `Config.to_json()` writes, also saved in every checkpoint).
+The weights files this framework writes (exports, Hugging Face directories) get a `manifest.json` beside them,
+as a checkpoint has (megatron/checkpoint/manifest.py): a file it lists is read only if it still has the size
+and SHA-256 recorded, since flipped bytes in a tensor would load without a word.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megatron.checkpoint.manifest import file_problems, read_manifest, record_file, write_manifest
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.config import Config, load_config
 from megatron.formats.deepspeed.files import CheckpointUnreadable, reading_weights, tag_directory
@@ -29,7 +33,25 @@ TORCH_WEIGHTS = "pytorch_model.bin"
 SAFETENSORS_WEIGHTS = "model.safetensors"
 
 
+def record_weights(directory: Path, files: list[Path]) -> None:
+    """`directory`/manifest.json, recording the size and SHA-256 of the weights `files` written into it."""
+    write_manifest(directory, [record for file in files if file.suffix in (".safetensors", ".bin", ".pt")
+                               for record in record_file(directory, file.name)])
+
+
+def _verify(path: Path) -> None:
+    """CheckpointUnreadable if the manifest beside `path` records it with another size or SHA-256."""
+    try:
+        records = {record.name: record for record in read_manifest(path.parent) or ()}
+    except ValueError as error:
+        raise CheckpointUnreadable(f"{error}; export the weights again") from None
+    if path.name in records:
+        for problem in file_problems(path.parent, records[path.name]):
+            raise CheckpointUnreadable(f"{path.parent}/{problem}; export the weights again")
+
+
 def _read_one(path: Path) -> dict[str, Tensor]:
+    _verify(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -174,6 +196,7 @@ def write_weights(state: Mapping[str, Tensor], config: Config, directory: str | 
         target = directory / TORCH_WEIGHTS
         torch.save(tensors, target)
     (directory / CONFIG_NAME).write_text(config.to_json(), encoding="utf-8")
+    record_weights(directory, [target])
     return target
 
 

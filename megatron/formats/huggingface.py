@@ -9,6 +9,7 @@ and no conversion back).
     DIR/model.safetensors                fp32 weights (above --max-shard-size: model-0000i-of-0000N.safetensors
                                          and model.safetensors.index.json)
     DIR/generation_config.json           end-of-document token as eos; padded vocabulary rows suppressed
+    DIR/manifest.json                    size and SHA-256 of the .safetensors files, checked when read back
     DIR/tokenizer.json, tokenizer_config.json   the run's tokenizer.json (HFTokenizer), or a GPT-2 BPE or
                                          SentencePiece tokenizer converted to one (megatron/tokenizer/
                                          fast_conversion.py) when it encodes a check text as the run's does
@@ -43,6 +44,7 @@ from megatron.formats.consolidated import (
     PASS_CONFIG,
     read_config,
     read_weights,
+    record_weights,
     weights_in_directory,
     write_safetensors_shards,
 )
@@ -254,6 +256,7 @@ def write_hf_directory(state: dict[str, Tensor], cfg: Config, out: str | Path, m
         _write_json(partial / CONFIG_NAME, config)
         _write_json(partial / "generation_config.json", generation_config(padded, tokenizer))
         weights = write_safetensors_shards(weights_of, partial, max_shard_bytes)
+        record_weights(partial, weights)
         for name in code_files:
             shutil.copyfile(REMOTE_CODE / name, partial / name)
         if tokenizer is not None and tokenizer.fast is not None:

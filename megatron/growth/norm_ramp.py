@@ -6,17 +6,22 @@ once, which changes the function. The ramp does both: at the growth's iteration 
 the n its grown checkpoint holds (the function is the source's, exactly), and `ramp` iterations later by its own
 token count, as a model of its size from scratch; in between n moves linearly, rounded to a whole count (the
 buffer is an integer). Where it starts and when come from the growth record (checkpoint/growth_record.py:
-`norm_token_count`, `iteration`), so a run resumed halfway continues the same ramp. The counts are set on the
-host, once per change of the whole count: no synchronisation, and no work on the iterations in between.
+`norm_token_count`, `iteration`), so a run resumed halfway continues the same ramp; one resumed with another ramp
+length, which would move n at once, is refused (`resumed_ramp_problem`). The counts are set on the host, once per
+change of the whole count (after each step, so that a checkpoint saved at an iteration holds the n the ramp gives
+it): no synchronisation, and no work on the iterations in between.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from torch import Tensor, nn
 
+from megatron.checkpoint.commit import CHECKPOINT_TAG
 from megatron.config import ConfigError
+from megatron.formats.consolidated import CONFIG_NAME, read_config
 from megatron.model.pattention import Pattention
 from megatron.model.spec import pattention_of_module, slot_keys
 
@@ -53,6 +58,31 @@ class NormRamp:
         share = min(max((iteration - self.first) / self.length, 0.0), 1.0)
         start, target = self.start[slot_key], self.target[slot_key]
         return round(start + (target - start) * share)
+
+
+def resumed_ramp_problem(cfg, tag_dir: Path, record: dict) -> str | None:
+    """Why resuming checkpoint `tag_dir` (global_stepN, growth record `record`) under `cfg` would move n of √n at
+    once: the run that saved it ramped over another length (its config.json), and the two ramps differ at its
+    iteration; None otherwise (also where there is nothing to compare)."""
+    tag, saved = CHECKPOINT_TAG.match(tag_dir.name), tag_dir / CONFIG_NAME
+    if tag is None or not saved.is_file():
+        return None
+    iteration = int(tag.group(1))
+    before, after = read_config(saved).norm_token_count_ramp_iters, cfg.norm_token_count_ramp_iters
+    if before == after or not after or "norm_token_count" not in record or "iteration" not in record:
+        return None
+    start, target = record["norm_token_count"], {key: getattr(cfg, key) for key in slot_keys()}
+    if set(start) != set(target):
+        return None  # norm_ramp names a record without a count for every slot key
+    held = NormRamp(start, target, record["iteration"], before) if before else NormRamp(start, start, 0, 1)
+    now = NormRamp(start, target, record["iteration"], after)
+    jumps = [f"{key} {held.count(key, iteration)} -> {now.count(key, iteration)}" for key in slot_keys()
+             if held.count(key, iteration) != now.count(key, iteration)]
+    if not jumps:
+        return None
+    return (f"norm_token_count_ramp_iters {after}: the checkpoint (iteration {iteration}) was saved by a run with "
+            f"norm_token_count_ramp_iters {before}, so n of √n would jump at the resume ({', '.join(jumps)}) and the "
+            f"function with it; set norm_token_count_ramp_iters: {before} to continue its ramp")
 
 
 def norm_ramp(cfg, record: dict | None) -> NormRamp | None:

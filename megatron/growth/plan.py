@@ -10,7 +10,9 @@ one ConfigError before any tensor is read.
 Two modes make the new tokens (grow.py, docs/growth.md): `preserve` keeps the function the model computes,
 `official` does what the official TokenFormer code does. They differ in three things, each of which can be set
 on its own: the new keys (zero or from the init: the mode), the n of Θ's √n (`growth_norm_token_count`: old or
-new) and Adam's state (`growth_optimizer`: carry or reset).
+new) and Adam's state (`growth_optimizer`: carry or reset). They apply where a Pattention grows: a plan that
+grows nothing (a re-shard, a shrink, weights loaded as they are) keeps the n of √n, Adam's state and the
+iteration in every mode, unless its caller asks for a reset itself (the tool's --reset-optimizer).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from megatron.checkpoint.growth_record import FORMAT as RECORD_FORMAT
 from megatron.config import Config, ConfigError
 from megatron.config.validate import raise_if_any
 from megatron.model import TokenFormerArgs, TokenFormerModel
-from megatron.model.args import ARCHITECTURE_KEYS
+from megatron.model.args import ARCHITECTURE_KEYS, GROWTH_MODES
 from megatron.model.init_methods import parameter_roles
 from megatron.model.init_roles import InitRole
 from megatron.model.spec import pattention_entry as spec_entry
@@ -31,7 +33,6 @@ from megatron.model.spec import slot_keys
 from megatron.mpu import full_shape
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 
-GROWTH_MODES = ("preserve", "official")
 NORM_TOKEN_COUNTS = ("old", "new")
 OPTIMIZER_CHOICES = ("carry", "reset")
 MODE_DEFAULTS = {"preserve": {"norm": "old", "optimizer": "carry"}, "official": {"norm": "new", "optimizer": "reset"}}
@@ -85,16 +86,19 @@ class GrowthPlan:
 
     @property
     def resets_iteration(self) -> bool:
-        """Official growth starts a new run at iteration 0, as the official code does."""
-        return self.mode == "official"
+        """Official growth starts a new run at iteration 0, as the official code does; nothing else does."""
+        return self.mode == "official" and self.grows
 
     @property
     def keeps_function(self) -> bool:
-        """Zero new keys and the old n: the l2 variants compute what the source computed."""
-        return self.mode == "preserve" and self.norm == "old"
+        """Zero new keys and the old n (the l2 variants compute what the source computed), or nothing grown."""
+        return (self.mode == "preserve" and self.norm == "old") or not (self.grows or self.shrinks)
 
     def describe(self) -> str:
-        """'preserve' or 'official', with what differs from the mode, e.g. 'preserve, √n of the new count'."""
+        """'preserve' or 'official', with what differs from the mode, e.g. 'preserve, √n of the new count'; for a
+        plan that grows nothing, that no mode applies."""
+        if not self.grows:
+            return "none applies (nothing grows)"
         defaults, changed = MODE_DEFAULTS[self.mode], [self.mode]
         if self.norm != defaults["norm"]:
             changed.append(f"√n of the {self.norm} count")
@@ -191,15 +195,22 @@ def _mode_problems(mode: str, zero_new_values: bool, norm: str, optimizer: str) 
     return problems
 
 
+OPTIMIZER_CONTRADICTION = ("pretrain_partial_init_reset_optimizer: true and growth_optimizer: carry contradict each "
+                           "other: keep one (growth_optimizer: reset is the same as the former)")
+
+
 def growth_choices(target: Config, mode: str | None = None, norm: str | None = None,
-                   optimizer: str | None = None) -> tuple[str, str, str]:
+                   optimizer: str | None = None, grows: bool = True) -> tuple[str, str, str]:
     """(mode, norm, optimizer) of a growth into `target`: the arguments where given, else the target config's
     growth_mode, growth_norm_token_count and growth_optimizer (pretrain_partial_init_reset_optimizer: reset), else
-    the mode's own. ConfigError where the config asks for both carry and reset."""
+    the mode's own. Where nothing `grows`, the config's choices do not apply: n is kept ("old") and the optimizer
+    state carried unless the `optimizer` argument says reset. ConfigError where the config asks for both carry and
+    reset."""
     mode = target.growth_mode if mode is None else mode
     if target.pretrain_partial_init_reset_optimizer and target.growth_optimizer == "carry":
-        raise ConfigError("pretrain_partial_init_reset_optimizer: true and growth_optimizer: carry contradict each "
-                          "other: keep one (growth_optimizer: reset is the same as the former)")
+        raise ConfigError(OPTIMIZER_CONTRADICTION)
+    if not grows:
+        return mode, norm or "old", optimizer or "carry"
     configured = "reset" if target.pretrain_partial_init_reset_optimizer else target.growth_optimizer
     defaults = MODE_DEFAULTS.get(mode, MODE_DEFAULTS["preserve"])
     norm = norm or target.growth_norm_token_count or defaults["norm"]
@@ -227,10 +238,14 @@ def plan_growth(source: Config, target: Config, slot_overrides: Mapping[str, int
     unknown = sorted(set(overrides) - set(slot_keys()))
     if unknown:
         raise ConfigError(f"slot overrides {unknown} are not slot counts; use {', '.join(slot_keys())}")
+    raise_if_any([f"{key} {value!r} is not a parameter-token count: give a positive integer"
+                  for key, value in overrides.items()
+                  if isinstance(value, bool) or not isinstance(value, int) or value < 1])
     old = {key: getattr(source, key) for key in slot_keys()}
     new = {key: overrides.get(key, getattr(target, key)) for key in slot_keys()}
     source_vocab, target_vocab = padded_vocabulary(source), padded_vocabulary(target)
-    mode, norm, optimizer = growth_choices(target, mode, norm, optimizer)
+    grows = any(new[key] > old[key] for key in slot_keys())
+    mode, norm, optimizer = growth_choices(target, mode, norm, optimizer, grows)
     raise_if_any(_mode_problems(mode, zero_new_values, norm, optimizer)
                  + _differences(source, target, source_vocab, target_vocab)
                  + _token_count_problems(old, new, target, allow_shrink, mode))

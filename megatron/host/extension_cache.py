@@ -1,8 +1,8 @@
-"""The cache DeepSpeed compiles its CPU communication op into: one per Python environment.
+"""The cache DeepSpeed compiles the ops a run needs into (ZeRO-Offload's CPU Adam, say): one per Python environment.
 
 torch keeps compiled extensions in TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by every
-environment of the user: two checkouts with different torch builds rebuild the op in turn on every start (1-5
-minutes each). So every entry point (deepy.py, and each rank for launches without it) sets it to
+environment of the user: two checkouts with different torch builds would rebuild the op in turn on every
+start, a build of minutes each time. So every entry point (deepy.py, and each rank for launches without it) sets it to
 `<environment>/torch_extensions` unless the user set it (a folder of the environment's own in the user's cache
 where the environment is read-only).
 
@@ -40,15 +40,3 @@ def use_environment_cache() -> Path:
     if not os.environ.get(VARIABLE):
         os.environ[VARIABLE] = str(environment_cache(Path(sys.prefix), Path.home()))
     return Path(os.environ[VARIABLE])
-
-
-CPU_COMM_OP = "deepspeed_shm_comm"
-
-
-def compile_note(cache: Path, device: str) -> str | None:
-    """What to say before a CPU start that will compile DeepSpeed's communication op first (a silent minute or
-    more otherwise); None when it is built, or on an accelerator (which does not use it)."""
-    if device != "cpu" or (cache / CPU_COMM_OP / f"{CPU_COMM_OP}.so").is_file():
-        return None
-    return (f"note: DeepSpeed compiles its CPU communication op into {cache} before the ranks start (1-5 minutes, "
-            "once for this Python environment)")

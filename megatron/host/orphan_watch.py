@@ -6,7 +6,10 @@ nothing moves; psutil's create_time() adds the boot time, re-read in wall-clock 
 resumed, chrony's makestep) would make a live deepy.py look gone. Each such rank watches for it and, once it is
 gone, stops the way a scheduler's SIGTERM stops it: a checkpoint at the next iteration, then exit. A rank that
 does not stop within the grace period (a collective whose peers are gone) is killed. Otherwise orphaned ranks
-would train on, holding the save directory's lock and the port, until they finished.
+would train on, holding the save directory's lock and the port, until they finished. Gone means: no process
+under its pid, another process there (another start time), a zombie (it has ended; its parent has not yet
+reaped it), or a process this user may not read (with /proc mounted hidepid, another user's: deepy.py runs as
+the ranks' user, so its pid was reused).
 
 deepy.py reads the ranks' output (megatron/launch/supervise.py); once it is gone, a write there would raise
 BrokenPipeError wherever the rank happens to print, so the rank's stdout and stderr then go to /dev/null instead.
@@ -29,14 +32,20 @@ POLL_SECONDS = 1.0
 GRACE_SECONDS = 600.0
 
 
-def start_ticks(pid: int) -> int:
-    """When process `pid` started, in clock ticks since boot (proc(5): /proc/PID/stat, field 22; the command
-    name before it may hold spaces and parentheses); ProcessLookupError if there is no such process."""
+def _stat_fields(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces and parentheses): state
+    first; ProcessLookupError if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
     except FileNotFoundError:
         raise ProcessLookupError(f"no process {pid}") from None
-    return int(stat.rpartition(b")")[2].split()[19])
+    return stat.rpartition(b")")[2].split()
+
+
+def start_ticks(pid: int) -> int:
+    """When process `pid` started, in clock ticks since boot (proc(5): /proc/PID/stat, field 22);
+    ProcessLookupError if there is no such process."""
+    return int(_stat_fields(pid)[19])
 
 
 def launcher_identity() -> str:
@@ -45,10 +54,12 @@ def launcher_identity() -> str:
 
 
 def _launcher_alive(pid: int, started: int) -> bool:
+    """Whether deepy.py, process `pid` started at `started`, still runs (module docstring: what gone means)."""
     try:
-        return start_ticks(pid) == started
-    except ProcessLookupError:
+        fields = _stat_fields(pid)
+    except (ProcessLookupError, PermissionError):
         return False
+    return fields[0] not in (b"Z", b"X") and int(fields[19]) == started
 
 
 def _reader_gone(fd: int) -> bool:
@@ -102,6 +113,11 @@ def outlive_the_output_reader() -> None:
 def _watch(pid: int, started: int) -> None:
     while _launcher_alive(pid, started):
         time.sleep(POLL_SECONDS)
+    _stop_this_rank(pid)
+
+
+def _stop_this_rank(pid: int) -> None:
+    """Stop as a scheduler's SIGTERM stops a rank; killed if that takes longer than GRACE_SECONDS."""
     _keep_output_writable()
     print(f"deepy.py (pid {pid}) is gone: this rank stops (a checkpoint at the next iteration if it trains)",
           file=sys.stderr, flush=True)
@@ -116,6 +132,14 @@ def watch_launcher() -> bool:
     if host != socket.gethostname() or not rest:
         return False
     pid, _, started = rest.partition(":")
+    try:
+        _stat_fields(int(pid))
+    except PermissionError:  # deepy.py runs as another user: whether its pid is reused cannot be told
+        print(f"this rank cannot watch deepy.py (pid {pid}): /proc/{pid}/stat is another user's; if deepy.py is "
+              "killed, stop its ranks yourself", file=sys.stderr, flush=True)
+        return False
+    except ProcessLookupError:
+        pass  # gone already: the watch stops this rank at once
     outlive_the_output_reader()
     threading.Thread(target=_watch, args=(int(pid), int(started)), daemon=True, name="launcher-watch").start()
     return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megatron.checkpoint.commit import CHECKPOINT_TAG, LATEST
+from megatron.checkpoint.commit import CHECKPOINT_TAG, LATEST, read_latest
 from megatron.checkpoint.selection import holds_checkpoints
 from megatron.config import Config
 from megatron.formats import huggingface
@@ -29,7 +29,10 @@ def _one_checkpoint_problem(tag_dir: Path) -> str:
         return (f"load = {tag_dir} holds one checkpoint's files but is not a save directory: move it into one, as "
                 f"DIR/global_stepN/ with a file DIR/{LATEST} holding global_stepN, and set load=DIR")
     marker = run / LATEST
-    named = marker.read_text(encoding="utf-8").strip() if marker.is_file() else None
+    try:
+        named = read_latest(run)
+    except ValueError:
+        named = None  # damaged: resuming takes the newest complete checkpoint (checkpoint/selection.py)
     resumes = f"which resumes {named} ({marker} names it)" if named else "which resumes its newest complete checkpoint"
     itself = "" if named == tag_dir.name else f"; to resume {tag_dir.name} itself, write {tag_dir.name} into {marker}"
     return (f"load = {tag_dir} is one checkpoint of the run in {run}, but load is the save directory holding a run's "

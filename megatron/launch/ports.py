@@ -1,9 +1,9 @@
 """master_port for a launch that names none: a free one on this machine, where no other program is handed it.
 
-Two runs started seconds apart on one default port collided: the second passed the busy-port check because the
-first had not bound its store yet. A launch from this machine that sets no master_port gets a random free port
-below the kernel's range for outgoing connections (so no connection's local end takes it meanwhile); a run that
-still meets another on its port is stopped by the launch identity every rank checks
+A busy-port check alone cannot keep apart two runs started seconds apart on one default port: the second passes
+it while the first has not bound its store yet. So a launch from this machine that sets no master_port gets a
+random free port below the kernel's range for outgoing connections (so no connection's local end takes it
+meanwhile); a run that still meets another on its port is stopped by the launch identity every rank checks
 (megatron/runtime/rendezvous.py).
 """
 

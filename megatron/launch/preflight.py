@@ -1,6 +1,6 @@
 """What deepy.py checks in the files a run will read before any process starts, beyond the config itself
-(`check_run_inputs`): a problem found here costs a second, found in the ranks it costs a launch and prints one
-traceback per rank.
+(`check_run_inputs`): a problem found here is named once, before anything starts; found in the ranks it costs a
+launch and prints one traceback per rank.
 
 - the tokenizer loads (a vocab_file that is not a tokenizer is named), giving the padded vocabulary;
 - every dataset: headers, sizes, documents, token ids within the vocabulary (megatron/data/dataset_check.py),
@@ -8,7 +8,8 @@ traceback per rank.
 - `load` holds checkpoints, or is `save` with nothing there yet (load_check.py);
 - the checkpoint a training run resumes from: files present, pickles screened (megatron/checkpoint/safety.py), its
   layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py), and, with
-  norm_token_count_ramp_iters, a growth record saying where the ramp starts (megatron/growth/norm_ramp.py);
+  norm_token_count_ramp_iters, a growth record saying where the ramp starts and, mid-ramp, the length the
+  checkpoint was saved with (megatron/growth/norm_ramp.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
   machine, it and log_dir (generate.py: sample_output_file's folder) can be written (or created);
 - on a launch from this machine, master_port is free.
@@ -25,10 +26,11 @@ from pathlib import Path
 from megatron.checkpoint.growth_record import GrowthRecordError, read_growth_record
 from megatron.checkpoint.safety import CheckpointRefused, load_checkpoint_file
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
-from megatron.checkpoint.selection import newest_usable_tag, screened_file_problems
+from megatron.checkpoint.selection import (newest_usable_tag, screened_file_problems, tag_to_resume_before_launch,
+                                           verified_file_problems)
 from megatron.config import Config, ConfigError
 from megatron.config.eval_tasks import eval_task_problems
-from megatron.config.run_inputs import INFERENCE_SCRIPTS, dataset_prefixes
+from megatron.config.run_inputs import CLUSTER_CHECK_SCRIPT, INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_repeats, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
 from megatron.data.indexed_dataset import IndexedDatasetError, index_file_path, read_index_header, sequence_sizes
@@ -40,7 +42,7 @@ from megatron.formats.deepspeed.compatibility import (
     layout_problems,
     tensor_problems,
 )
-from megatron.growth.norm_ramp import norm_ramp
+from megatron.growth.norm_ramp import norm_ramp, resumed_ramp_problem
 from megatron.launch.hosts import is_local_host
 from megatron.launch.load_check import load_problem
 from megatron.launch.ports import is_free, master_port
@@ -60,7 +62,7 @@ def _padded_vocabulary(cfg: Config) -> tuple[int | None, list[str]]:
 
 def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
     try:
-        tag, _ = newest_usable_tag(cfg.load, screened_file_problems)  # so that nothing below unpickles it
+        tag, _ = tag_to_resume_before_launch(cfg.load)  # screened: nothing below unpickles what may run code
     except CheckpointRefused as error:
         return [str(error)]
     if tag is None:
@@ -83,24 +85,48 @@ def _norm_ramp_problems(cfg: Config, tag_dir: Path | None) -> list[str]:
     if not cfg.norm_token_count_ramp_iters or (tag_dir is None and cfg.pretrain_partial_init):
         return []
     try:
-        norm_ramp(cfg, None if tag_dir is None else read_growth_record(tag_dir))
+        record = None if tag_dir is None else read_growth_record(tag_dir)
+        norm_ramp(cfg, record)
+        problem = None if tag_dir is None else resumed_ramp_problem(cfg, tag_dir, record)
     except (ConfigError, GrowthRecordError) as error:
         return [f"{tag_dir or 'load'}: {error}"]
-    return []
+    return [f"{tag_dir}: {problem}"] if problem else []
+
+
+def _iteration(tag_dir: Path) -> int | None:
+    """The iteration a checkpoint resumes at; None for weights only (a start at iteration 0)."""
+    if holds_weights_only(tag_dir):
+        return None
+    return load_checkpoint_file(files_by_rank(tag_dir, MODEL_FILE)[(0,)]).get("iteration", 0)
 
 
 def nothing_left_to_train(cfg: Config) -> str | None:
     """Why a training run that passed preflight_problems would stop as soon as it started: the checkpoint it
-    resumes already reached train_iters (launched, it would only say so, after start-up); None otherwise."""
-    if cfg.eval_only or not cfg.load or Path(cfg.user_script or "train.py").name in INFERENCE_SCRIPTS:
+    resumes already reached train_iters (launched, it would only say so, after start-up); None otherwise.
+    ConfigError if no checkpoint there can be resumed from after all.
+
+    Not launching rests on that checkpoint alone, so it is verified as the ranks would verify it (every file's
+    SHA-256 against its manifest) before the run is called done: a damaged one, which the ranks would skip for an
+    older one, would otherwise end a requeued job with exit 0 while it has training left. Only that checkpoint
+    is hashed, and only then: a run that launches leaves the hashing to its ranks."""
+    script = Path(cfg.user_script or "train.py").name
+    if cfg.eval_only or not cfg.load or script in INFERENCE_SCRIPTS or script == CLUSTER_CHECK_SCRIPT:
         return None
-    tag, _ = newest_usable_tag(cfg.load, screened_file_problems)
-    if tag is None or holds_weights_only(Path(cfg.load) / tag):  # weights only: a start at iteration 0
+
+    def problems(tag_dir: Path) -> list[str]:
+        found = screened_file_problems(tag_dir)
+        if found or (_iteration(tag_dir) or 0) < cfg.train_iters:
+            return found
+        return verified_file_problems(tag_dir)
+
+    try:
+        tag, _ = newest_usable_tag(cfg.load, problems)
+    except CheckpointRefused as error:  # as preflight_problems reports what it refuses
+        raise ConfigError(str(error)) from None
+    iteration = None if tag is None else _iteration(Path(cfg.load) / tag)
+    if iteration is None or iteration < cfg.train_iters:
         return None
     tag_dir = Path(cfg.load) / tag
-    iteration = load_checkpoint_file(files_by_rank(tag_dir, MODEL_FILE)[(0,)]).get("iteration", 0)
-    if iteration < cfg.train_iters:
-        return None
     return (f"nothing to train: the checkpoint this run resumes ({tag_dir}) is at iteration {iteration} and "
             f"train_iters = {cfg.train_iters}; raise train_iters (and lr_decay_iters, for a longer schedule) to train "
             "on, or set eval_only=true to evaluate it")

@@ -9,9 +9,10 @@ Ranks on other hosts get it from the launcher (SIGTERM to srun or mpirun is forw
 SIGTERM to DeepSpeed's runner itself ends the runner only; deepy.py, the subreaper of its descendants, then
 finds the ranks orphaned, passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is
 seen by the ranks here (megatron/host/orphan_watch.py). When the job fails, the rank DeepSpeed's launcher saw end
-first, and how, is named as the cause; when it fails because the stop reached ranks still starting (before
-they catch it), deepy.py says it stopped as asked and exits 128+N (130 for Ctrl-C). Whatever outlives the
-ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
+first, and how, is named as the cause (unless that is the cluster check's verdict that sections failed); when it
+fails because the stop reached ranks still starting (before they catch it), deepy.py says it stopped as asked and
+exits 128+N (130 for Ctrl-C). Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is
+ended as soon as they are.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from megatron.config.run_inputs import CLUSTER_CHECK_FAILED, CLUSTER_CHECK_SCRIPT
 from megatron.host.orphan_watch import VARIABLE as ORPHAN_VARIABLE
 from megatron.host.orphan_watch import launcher_identity
 
@@ -153,41 +155,55 @@ def _stop(ranks: list[psutil.Process], reason: str) -> None:
 def run_launcher(command: list[str], script: str) -> int:
     """Run the launcher `command` of `script`'s ranks to its end; the exit code: the launcher's (128+N for a
     signal N), or, if the launcher was killed and its ranks here stopped on their own, theirs, or 128+N for a
-    stop signal N that ended ranks still starting."""
+    stop signal N that ended ranks still starting.
+
+    From this call on the stop signals are this function's, for the rest of the process: one that arrives while
+    the launcher is being started is passed on as soon as it has started (deepy.py must not exit and leave what
+    it started to the ranks' orphan watch), and one that arrives after the launcher ended has nothing to stop
+    and says so."""
     _become_subreaper()
+    this_process = psutil.Process()
+    requested: list[int] = []
+    launcher: subprocess.Popen | None = None
+    ended = False  # the ranks and what they started
+
+    def pass_on(number: int) -> None:
+        ranks = _local_ranks(this_process, script)
+        if ranks:
+            _stop(ranks, f"{signal.Signals(number).name} received")
+        else:  # ranks on other hosts, or none yet: the launcher (srun, mpirun) forwards it to them
+            launcher.send_signal(signal.SIGTERM)
+
+    def stop(number: int, frame: object) -> None:
+        if ended:
+            print(f"deepy.py: {signal.Signals(number).name} received after the ranks ended; nothing left to stop",
+                  file=sys.stderr, flush=True)
+            return
+        requested.append(number)
+        if launcher is not None:
+            pass_on(number)
+
+    for number in STOP_SIGNALS:
+        signal.signal(number, stop)
     # The ranks' output reaches deepy.py's through pipes (FirstRankToEnd): they are told whether a person reads it.
     environment = {ORPHAN_VARIABLE: launcher_identity(), "TOKENFORMER_STDERR_IS_A_TERMINAL": str(int(_is_a_terminal()))}
     launcher = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=dict(os.environ, **environment))
+    if requested:  # a stop while it was being started
+        pass_on(requested[0])
     first_to_end = FirstRankToEnd(launcher.stdout, launcher.stderr)
-    this_process = psutil.Process()
-
-    requested: list[int] = []
-
-    def stop(number: int, frame: object) -> None:
-        requested.append(number)
-        ranks = _local_ranks(this_process, script)
-        if ranks:
-            _stop(ranks, f"{signal.Signals(number).name} received")
-        else:  # ranks on other hosts: the launcher (srun, mpirun) forwards it to them
-            launcher.send_signal(signal.SIGTERM)
-
-    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
-    try:
-        code = launcher.wait()
-        orphans = _local_ranks(this_process, script) if code < 0 else []
-        if orphans:
-            _stop(orphans, f"the launcher was ended by {signal.Signals(-code).name}")
-            gone, _ = psutil.wait_procs(orphans)
-            code = next((p.returncode for p in gone if p.returncode), 0)
-        # Ranks left behind by a killed runner end on their own, and their runners with them; what outlives them
-        # (a compiler a rank started, now deepy.py's child) is ended at once.
-        psutil.wait_procs(_local_ranks(this_process, script), timeout=60)
-        psutil.wait_procs(this_process.children(), timeout=RUNNERS_GRACE_SECONDS)
-        _end_leftovers(this_process)
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+    code = launcher.wait()
+    orphans = _local_ranks(this_process, script) if code < 0 else []
+    if orphans:
+        _stop(orphans, f"the launcher was ended by {signal.Signals(-code).name}")
+        gone, _ = psutil.wait_procs(orphans)
+        code = next((p.returncode for p in gone if p.returncode), 0)
+    # Ranks left behind by a killed runner end on their own, and their runners with them; what outlives them
+    # (a compiler a rank started, now deepy.py's child) is ended at once.
+    psutil.wait_procs(_local_ranks(this_process, script), timeout=60)
+    psutil.wait_procs(this_process.children(), timeout=RUNNERS_GRACE_SECONDS)
+    _end_leftovers(this_process)
+    ended = True
     code = code if code >= 0 else 128 - code
     first = first_to_end.wait()
     if code and requested and first_to_end.code in (None, -signal.SIGTERM):
@@ -196,7 +212,10 @@ def run_launcher(command: list[str], script: str) -> int:
         print(f"deepy.py: {script} stopped at your request ({name}) while its ranks were starting, before they "
               "could save a checkpoint", file=sys.stderr, flush=True)
         return 128 + requested[0]
-    if code:
+    if code and first_to_end.code == CLUSTER_CHECK_FAILED and Path(script).name == CLUSTER_CHECK_SCRIPT:
+        print(f"deepy.py: {script} found failures (exit status {code}): the summary above names them",
+              file=sys.stderr, flush=True)
+    elif code:
         cause = f"{first}; the errors of the other ranks follow from it" if first else (
             "the first error printed above is the cause")
         print(f"deepy.py: {script} failed (the launcher exited {code}); {cause}", file=sys.stderr, flush=True)

@@ -1,10 +1,18 @@
-"""TokenFormer model: Pattention layers, the language model, its initialisation and FLOPs formula."""
+"""TokenFormer model: Pattention layers, the language model, its initialisation and FLOPs formula.
 
-from megatron.model.args import TokenFormerArgs
-from megatron.model.flops import flops_per_token
-from megatron.model.init_methods import initialize_parameters
-from megatron.model.pattention import Pattention, pattention
-from megatron.model.tokenformer import TokenFormerModel
+The names below are imported on first use, so a process that reads only the declaration of the Pattentions
+(megatron.model.spec) or the model's arguments does not import torch.
+"""
 
-__all__ = ["TokenFormerArgs", "TokenFormerModel", "Pattention", "pattention", "initialize_parameters",
-           "flops_per_token"]
+from importlib import import_module
+
+_EXPORTS = {"TokenFormerArgs": "megatron.model.args", "TokenFormerModel": "megatron.model.tokenformer",
+            "Pattention": "megatron.model.pattention",
+            "initialize_parameters": "megatron.model.init_methods", "flops_per_token": "megatron.model.flops"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'megatron.model' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

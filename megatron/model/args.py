@@ -8,16 +8,21 @@ from any config object.
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from megatron.model.spec import slot_keys
+
 MODEL_TYPES = ("tokenformer", "transformer")
 POSITION_EMBEDDINGS = ("rotary", "learned", "none")
 LAYER_NORMS = ("layernorm_nonparam", "layernorm")
 NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
 PATTENTION_IMPLS = ("plain", "fused", "flash")
 FLASH_BACKENDS = ("auto", "pytorch", "triton")
+# How growth makes new parameter tokens (docs/growth.md): the layer's grow() and the config's growth_mode.
+GROWTH_MODES = ("preserve", "official")
+DEFAULT_GROWTH_MODE = "official"
 INIT_METHODS = ("normal", "scaled_normal", "wang_init", "small_init", "xavier_normal", "xavier_uniform")
 # Config keys that change the function the weights compute (shapes are checked against the weights).
-ARCHITECTURE_KEYS = ("model_type", "num_layers", "hidden_size", "num_attention_heads", "qkv_slot_num", "proj_slot_num",
-                     "ffn_slot_num", "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "final_norm",
+ARCHITECTURE_KEYS = ("model_type", "num_layers", "hidden_size", "num_attention_heads", *slot_keys(),
+                     "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "final_norm",
                      "layernorm_epsilon", "no_weight_tying", "norm_activation_type", "pattention_tau")
 
 
@@ -106,7 +111,7 @@ class TokenFormerArgs:
     def _validate(self) -> None:
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type={self.model_type!r}: must be one of {MODEL_TYPES}")
-        slots = ("qkv_slot_num", "proj_slot_num", "ffn_slot_num") if self.model_type == "tokenformer" else ()
+        slots = slot_keys() if self.model_type == "tokenformer" else ()
         positive = ("padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads", *slots,
                     "seq_length", "max_position_embeddings", "checkpoint_num_layers")
         for name in positive:

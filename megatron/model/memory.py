@@ -16,7 +16,7 @@ a head; a Pattention has n parameter tokens (n_qkv for Q, K, V; n_proj; n_ffn) a
         (2·e·d); attention: rotated Q and K (2·e·d, one tensor; none without rotary), the Q/K/V output (3·e·d,
         kept whole by V, a view of it), SDPA's output (e·d; proj's input too, the head merge being a view) and
         its log-sum-exp (4·h)
-    + per Pattention (five per layer)
+    + per Pattention (those megatron/model/spec.py declares: Q, K, V, proj, FFN)
         plain   l2_norm_gelu (c+1)·4·n + e·n + 12    gelu_l2_norm (c+2)·4·n + e·n + 12    softmax 8·n + e·n + 4
                 (fp32 [tokens, n] tensors autograd keeps: the scores, c times (2 when e < 4: each fp32 upcast
                 is a copy; 1 in fp32), GeLU's input and output or exp's; the weights in e; fp32 row statistics)
@@ -25,7 +25,7 @@ a head; a Pattention has n parameter tokens (n_qkv for Q, K, V; n_proj; n_ffn) a
                                               [tokens, ·] wide)
     + e·d with τ ≠ 1 for fused and flash: they keep proj's input scaled by τ, a copy of SDPA's output
     per layer and sequence position: 4·r (rotary cos and sin, fp32, shared by the micro-batch's sequences);
-    per layer: 20 (the five token counts n)
+    per layer: 4 per Pattention (its token count n)
     model, per token: 2·e·d + 2·z + e·V + 30 (embedding ids and mask; the final norm's input and statistics;
         the logits GEMM's input; the loss (megatron/mpu/cross_entropy.py): the logits, their fp32 row max,
         Σexp and label logit, the label index and mask); per position 8 with learned positions
@@ -44,8 +44,9 @@ Largest micro-batch (sequences of seq_length on one GPU), ZeRO-1 over D data-par
     budget        (1 − reserve) · GPU memory − model states; the reserve (default 10 %) is left for the
                   allocator's fragmentation, kernel workspaces, DeepSpeed's communication buckets and the
                   backward's transient buffers (one Pattention's at a time: fused at most two [tokens, n] fp32
-                  buffers, flash a few [rows, n] ones, rows = max(MIN_ROWS, tokens / BLOCKS) (flash.py); the
-                  activations' gradients), which the formula leaves out.
+                  buffers; flash's Triton kernels (l2 Θ on CUDA) nothing of n, its blocks (flash.py) a few
+                  [rows, n] ones, rows = max(MIN_ROWS, tokens / BLOCKS); the activations' gradients), which the
+                  formula leaves out.
 The GPU figures take z = 4 and assume SDPA's flash or memory-efficient kernel (fp32 log-sum-exp, output laid
 out [b, s, heads, head_dim], as on the CPU); no dropout (the paper configs have none), tensor parallelism 1.
 """
@@ -59,6 +60,7 @@ import torch
 
 from megatron.model.args import NORM_ACTIVATIONS, PATTENTION_IMPLS, TokenFormerArgs
 from megatron.model.parameter_count import count_parameters_by_component
+from megatron.model.spec import layer_pattentions
 from megatron.model.tokenformer import TokenFormerModel
 from megatron.mpu.cross_entropy import BLOCK_BYTES
 
@@ -134,7 +136,7 @@ def saved_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, device: st
     def pattention(n: int) -> int:
         return pattention_bytes_per_token(impl, args.norm_activation_type, n, e)
 
-    pattentions = 3 * pattention(args.qkv_slot_num) + pattention(args.proj_slot_num) + pattention(args.ffn_slot_num)
+    pattentions = sum(pattention(getattr(args, spec.slot_key)) for spec in layer_pattentions())
     embedding = 8 + 1
     final_norm = e * d + 2 * z
     logits_input = e * d
@@ -142,7 +144,7 @@ def saved_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, device: st
     return SavedBytes(
         layer_per_token=norms + pattention_inputs + attention + pattentions,
         layer_per_position=2 * FP32 * (args.rotary_dims // 2),
-        layer_fixed=5 * FP32,
+        layer_fixed=FP32 * len(layer_pattentions()),  # each Pattention's n
         model_per_token=embedding + final_norm + logits_input + loss,
         model_per_position=8 if args.pos_emb == "learned" else 0,
         checkpoint_input_per_token=e * d,

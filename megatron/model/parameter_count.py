@@ -2,11 +2,16 @@
 
 from torch import nn
 
+from megatron.model.spec import pattention_entry
+
 COMPONENTS = ("embedding", "attention", "ffn", "norms", "output")
 
 
 def component_of(parameter_name: str) -> str:
-    """The component a parameter belongs to, from the state_dict names documented in tokenformer.py."""
+    """The component a parameter belongs to: a Pattention's is the one spec.py declares for it; the others follow
+    the state_dict names documented in tokenformer.py (and dense.py's for the dense baseline)."""
+    if (entry := pattention_entry(parameter_name)) is not None:
+        return entry[0].component
     if parameter_name.startswith(("word_embeddings.", "position_embeddings.")):
         return "embedding"
     if ".attention." in parameter_name:

@@ -9,6 +9,11 @@ content_digest: a predecessor retrained by hand under the same tag is another so
 stage's first step, again before its growth (when the source exists), and compared before every step, and by
 each step job of a SLURM chain, which re-reads the plan. Keys that say where and how a run runs, not what it
 trains (launcher, logging, when to stop and how often to save), are recorded but not compared.
+
+The grow tool pins the same digest inside the grown checkpoint (its growth record), so a source deleted once its
+successor grew (to save space) changes nothing: the source is compared while it exists, and after that the
+digest the stage's own checkpoints carry stands for it. A changed value the plan does not set itself is a changed
+default of this version, and is named as one.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megatron.checkpoint.commit import CHECKPOINT_TAG
+from megatron.checkpoint.growth_record import GrowthRecordError, read_growth_record
 from megatron.checkpoint.manifest import content_digest
+from megatron.config.loader import keys_set
 from megatron.config.schema import SCHEMA
 from megatron.progressive.commands import source_tag
 from megatron.progressive.plan import DRIVER_KEYS, Plan, Stage
@@ -39,15 +47,42 @@ def _pinned(key: str) -> bool:
     return key not in UNPINNED_KEYS and (key not in SCHEMA or SCHEMA[key].group not in UNPINNED_GROUPS)
 
 
-def _source_sha256(plan: Plan, resolved: list[ResolvedStage], previous: Stage | None) -> str | None:
-    """The content digest of the checkpoint a stage grows from; None before it exists (or for the first stage)."""
+def _pinned_in_checkpoints(directory: Path) -> str | None:
+    """The source digest the newest checkpoint in `directory` that has one carries in its growth record."""
+    tags = sorted(((int(match.group(1)), path) for path in (directory.iterdir() if directory.is_dir() else ())
+                   if (match := CHECKPOINT_TAG.match(path.name)) and path.is_dir()), reverse=True)
+    for _, tag_dir in tags:
+        try:
+            digest = (read_growth_record(tag_dir) or {}).get("source_sha256")
+        except GrowthRecordError:
+            continue
+        if digest:
+            return digest
+    return None
+
+
+def _source_sha256(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> str | None:
+    """The content digest of the checkpoint `stage` grows from: the checkpoint's while it exists, else the one
+    the stage's own checkpoints carry (the source deleted after the growth); None before either exists (or for
+    the first stage)."""
+    previous = plan.previous(stage)
     if previous is None:
         return None
     source = plan.checkpoints(previous) / source_tag(resolved[previous.index].config)
     try:
-        return content_digest(source) if source.is_dir() else None
+        return content_digest(source) if source.is_dir() else _pinned_in_checkpoints(plan.checkpoints(stage))
     except ValueError as error:
         raise plan.error(f"{previous.where()}: {error}; the stage grown from it cannot be pinned to it") from None
+
+
+def superseded(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> bool:
+    """Whether `stage` is done though its final checkpoint is gone: the stage after it grew from that checkpoint
+    (the digest its lineage pinned is the one its own checkpoints carry), and the checkpoint was deleted since."""
+    following = plan.stages[stage.index + 1] if stage.index + 1 < len(plan.stages) else None
+    if following is None or (plan.checkpoints(stage) / source_tag(resolved[stage.index].config)).is_dir():
+        return False
+    pinned = (recorded_lineage(plan, following) or {}).get("source_sha256")
+    return bool(pinned) and pinned == _pinned_in_checkpoints(plan.checkpoints(following))
 
 
 def current_lineage(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> dict[str, Any]:
@@ -56,14 +91,14 @@ def current_lineage(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> 
     previous = plan.previous(stage)
     grown_from = f"{previous.name}@{source_tag(resolved[previous.index].config)}" if previous else None
     settings = {key: value for key, value in config.to_dict().items() if key not in DRIVER_KEYS}
-    return {"grown_from": grown_from, "source_sha256": _source_sha256(plan, resolved, previous),
+    return {"grown_from": grown_from, "source_sha256": _source_sha256(plan, resolved, stage),
             "growth_mode": config.growth_mode if previous else None,
             "config": json.loads(json.dumps(settings, sort_keys=True))}
 
 
 def recorded_lineage(plan: Plan, stage: Stage) -> dict[str, Any] | None:
     """The lineage written when the stage was started; None if there is none (a stage not started, or started
-    by a driver before lineages were written)."""
+    by a driver that wrote none)."""
     path = lineage_path(plan, stage)
     if not path.is_file():
         return None
@@ -98,13 +133,15 @@ def unpinned_reason(plan: Plan, stage: Stage) -> str | None:
 
 def lineage_changes(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> list[tuple[str, Any, Any]]:
     """(key, recorded value, value now) for everything the stage's lineage pins that differs now; [] if none
-    or nothing was recorded. A config key is named as config.KEY. The source's content is compared once
-    recorded (a stage pinned before its source existed records none)."""
+    or nothing was recorded. A config key is named as config.KEY. The source's content is compared where both
+    are known (a stage pinned before its source existed records none; a source deleted, with no digest in the
+    stage's checkpoints, has none now)."""
     recorded = recorded_lineage(plan, stage)
     if recorded is None:
         return []
     now = current_lineage(plan, resolved, stage)
-    pinned = ("grown_from", "growth_mode", *(("source_sha256",) if recorded.get("source_sha256") else ()))
+    compared = recorded.get("source_sha256") and now["source_sha256"]
+    pinned = ("grown_from", "growth_mode", *(("source_sha256",) if compared else ()))
     changes = [(key, recorded.get(key), now[key]) for key in pinned if recorded.get(key) != now[key]]
     before, after = recorded.get("config", {}), now["config"]
     # Keys of both only: one the schema gained or lost since is no edit of the plan's.
@@ -113,6 +150,19 @@ def lineage_changes(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> 
     return changes
 
 
-def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
-    """'config.weight_decay: recorded 0.1, now 0.01; grown_from: ...'."""
-    return "; ".join(f"{key}: recorded {before!r}, now {after!r}" for key, before, after in changes)
+def defaulted_keys(plan: Plan, stage: Stage) -> set[str]:
+    """The config keys neither the plan's config files nor the stage set: the schema's defaults give them."""
+    return set(SCHEMA) - keys_set(plan.configs) - set(stage.settings)
+
+
+def describe_changes(changes: list[tuple[str, Any, Any]], defaulted: set[str] = frozenset()) -> str:
+    """'config.weight_decay: recorded 0.1, now 0.01; grown_from: ...'; a key in `defaulted` (defaulted_keys) is
+    said to be a changed default, with the setting that keeps the recorded value."""
+    def described(key: str, before: Any, after: Any) -> str:
+        name = key.removeprefix("config.")
+        text = f"{key}: recorded {before!r}, now {after!r}"
+        if name not in defaulted:
+            return text
+        return (f"{text} (no config file of the plan and not the stage sets {name}: its default changed since the "
+                f"stage started; set {name}: {json.dumps(before)} in the plan to continue as started)")
+    return "; ".join(described(*change) for change in changes)

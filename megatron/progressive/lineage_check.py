@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from megatron.progressive.lineage import (
+    defaulted_keys,
     describe_changes,
     lineage_changes,
     lineage_path,
@@ -53,7 +54,8 @@ def _grown_from(plan: Plan, stage: Stage) -> str:
 
 def _refusal(plan: Plan, stage: Stage, changes: list) -> str:
     return (f"{stage.where()} was started from other settings than the plan and its config files give now "
-            f"({lineage_path(plan, stage)}): {describe_changes(changes)}. Restore them to continue the stage, or run "
+            f"({lineage_path(plan, stage)}): {describe_changes(changes, defaulted_keys(plan, stage))}. Restore them to "
+            f"continue the stage, or run "
             f"again with {REDO_FLAG} to redo it{_grown_from(plan, stage)}: their directories are moved to "
             f"{plan.work_dir / REPLACED}/")
 
@@ -89,7 +91,8 @@ def changed_stage_lines(plan: Plan, resolved: list[ResolvedStage]) -> list[str]:
     return [*(f"{stage.name}: started but not pinned: {reason} (a run refuses; {ADOPT_FLAG} pins it as the plan "
               f"gives it now, {REDO_FLAG} redoes it and the stages after it)"
               for stage, reason in _unpinned_started(plan)),
-            *(f"{stage.name}: changed since it was pinned: {describe_changes(changes)} (a run refuses; {REDO_FLAG} "
+            *(f"{stage.name}: changed since it was pinned: {describe_changes(changes, defaulted_keys(plan, stage))} "
+              f"(a run refuses; {REDO_FLAG} "
               "redoes it and the stages after it)" for stage, changes in _changed_started(plan, resolved))]
 
 
@@ -118,6 +121,13 @@ def _first_refusal(plan: Plan, resolved: list[ResolvedStage]) -> tuple[Stage, st
         if changes:
             return stage, _refusal(plan, stage, changes)
     return None
+
+
+def stages_to_redo(plan: Plan, resolved: list[ResolvedStage]) -> list[Stage]:
+    """The stages --redo-changed would redo now (the first started stage not pinned or changed, and the stages
+    after it that have a directory), without doing anything: what --dry-run --redo-changed lists."""
+    refusal = _first_refusal(plan, resolved)
+    return [] if refusal is None else [refusal[0], *_stages_after(plan, refusal[0])]
 
 
 def refuse_or_redo(plan: Plan, resolved: list[ResolvedStage], redo: bool, adopt: bool = False) -> list[str]:
@@ -155,5 +165,6 @@ def check_unchanged(plan: Plan, resolved: list[ResolvedStage], stages: list[Stag
         changes = lineage_changes(plan, resolved, stage)
         if changes:
             raise plan.error(f"{stage.where()}: the plan or its config files changed since the stage was pinned "
-                             f"({lineage_path(plan, stage)}): {describe_changes(changes)}. Restore them, or run "
+                             f"({lineage_path(plan, stage)}): {describe_changes(changes, defaulted_keys(plan, stage))}. "
+                             f"Restore them, or run "
                              f"tools/progressive_scaling.py again (with {REDO_FLAG} to redo a stage that has started)")

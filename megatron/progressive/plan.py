@@ -7,8 +7,9 @@
       - {name: s2, qkv_slot_num: 256, proj_slot_num: 256, ffn_slot_num: 1024, train_iters: 100}
 
 This module reads the file and checks what needs no config loaded: its shape, the stage names, that every
-stage key is a config key and not one the driver sets itself. Relative paths are taken from the current
-directory, as deepy.py takes them. Every error names the plan file, the stage, the key and the fix.
+stage key is a config key, not one the driver sets itself, with a value the key accepts (named as the plan
+writes it), and that work_dir can be a directory. Relative paths are taken from the current directory, as
+deepy.py takes them. Every error names the plan file, the stage, the key and the fix.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from megatron.config import ConfigError
 from megatron.config.loader import read_yaml
 from megatron.config.schema import SCHEMA
-from megatron.config.validate import closest_key, normalize_keys
+from megatron.config.validate import check_keys, closest_key, normalize_keys
 
 PLAN_KEYS = ("configs", "work_dir", "stages")
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -143,7 +144,22 @@ def _stage(plan_path: Path, index: int, raw: Any, seen: set[str]) -> Stage:
         problem = _stage_key_problem(key)
         if problem:
             raise PlanError(f"{plan_path}: {stage.where()}: key {key!r} {problem}")
+    try:
+        check_keys(settings, {})
+    except ConfigError as error:
+        raise PlanError(f"{plan_path}: {stage.where()}: {error}") from None
     return stage
+
+
+def _work_dir(plan_path: Path, value: Any) -> Path:
+    if not isinstance(value, str):
+        raise PlanError(f"{plan_path}: work_dir must be a directory path, got {value!r}")
+    work_dir = Path(value).resolve()
+    existing = next(folder for folder in (work_dir, *work_dir.parents) if folder.exists())
+    if not existing.is_dir():
+        raise PlanError(f"{plan_path}: work_dir {value} cannot be a directory: {existing} is a file; choose another "
+                        "work_dir")
+    return work_dir
 
 
 def parse_plan(path: str | Path, content: Any) -> Plan:
@@ -161,12 +177,11 @@ def parse_plan(path: str | Path, content: Any) -> Plan:
     if missing:
         raise PlanError(f"{path}: {', '.join(missing)} missing; a plan needs configs (config files every stage "
                         "shares), work_dir (where stages write) and stages (a list of {name: ..., key: value})")
-    if not isinstance(content["work_dir"], str):
-        raise PlanError(f"{path}: work_dir must be a directory path, got {content['work_dir']!r}")
+    work_dir = _work_dir(path, content["work_dir"])
     stages, seen = content["stages"], set()
     if not isinstance(stages, list) or not stages:
         raise PlanError(f"{path}: stages must be a non-empty list of mappings, each with a name")
-    return Plan(path, _path_list(path, content["configs"]), Path(content["work_dir"]).resolve(),
+    return Plan(path, _path_list(path, content["configs"]), work_dir,
                 tuple(_stage(path, index, raw, seen) for index, raw in enumerate(stages)))
 
 

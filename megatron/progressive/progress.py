@@ -4,19 +4,23 @@ A stage's checkpoints directory says it all. No usable checkpoint: the stage has
 stage, its growth is missing or was interrupted, and is redone). The newest checkpoint's iteration: how far
 training got. A grown stage whose newest checkpoint is its growth (global_step0) and whose metrics hold no
 validation at iteration 0: not scored yet. Nothing else is recorded, so the state cannot disagree with the
-checkpoints, whoever wrote them (this driver, a SLURM job, a person).
+checkpoints, whoever wrote them (this driver, a SLURM job, a person). One exception: a stage whose final
+checkpoint was deleted after the next stage grew from it is done (lineage.superseded: the next stage's
+checkpoints carry that checkpoint's digest), so deleting a finished predecessor retrains nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from megatron.checkpoint.commit import CHECKPOINT_TAG
 from megatron.checkpoint.safety import CheckpointRefused
 from megatron.checkpoint.selection import newest_usable_tag
+from megatron.progressive.lineage import superseded
 from megatron.progressive.plan import Plan, Stage
 from megatron.progressive.stage_config import ResolvedStage
 
@@ -96,12 +100,17 @@ def _started_after_incomplete(plan: Plan, stage: Stage, incomplete: Stage) -> st
             "of the stages after it) to redo them")
 
 
-def pending_steps(plan: Plan, resolved: list[ResolvedStage]) -> list[Step]:
-    """The steps still to do, in order; [] when the plan is complete and work_dir/final published."""
+def pending_steps(plan: Plan, resolved: list[ResolvedStage], redone: Collection[str] = ()) -> list[Step]:
+    """The steps still to do, in order; [] when the plan is complete and work_dir/final published. The stages
+    named in `redone` count as not started (what a redo would leave of them)."""
     steps: list[Step] = []
     incomplete: Stage | None = None
     for entry in resolved:
-        stage, iteration = entry.stage, checkpoint_iteration(plan.checkpoints(entry.stage))
+        stage = entry.stage
+        iteration = None if stage.name in redone else checkpoint_iteration(plan.checkpoints(stage))
+        if stage.index + 1 < len(resolved) and plan.stages[stage.index + 1].name not in redone and superseded(
+                plan, resolved, stage):
+            iteration = entry.config.train_iters
         if incomplete is not None and iteration is not None:
             raise plan.error(_started_after_incomplete(plan, stage, incomplete))
         if stage.index and iteration is None:
@@ -111,6 +120,6 @@ def pending_steps(plan: Plan, resolved: list[ResolvedStage]) -> list[Step]:
         if iteration is None or iteration < entry.config.train_iters:
             steps.append(Step(TRAIN, stage))
             incomplete = incomplete or stage
-    if steps or not final_is_published(plan):
+    if steps or redone or not final_is_published(plan):
         steps.append(Step(FINISH, plan.stages[-1]))
     return steps

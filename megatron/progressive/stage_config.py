@@ -8,7 +8,8 @@ check, fp16 needing a GPU, is left to the job's own deepy.py). Between stages on
 and the parallel layout may change, as tools/grow_checkpoint.py requires (megatron/growth/plan.py: the same
 check, run here on the configs before any checkpoint exists), and the counts must not shrink. Each stage
 starts its own learning-rate schedule at iteration 0, so a decay length inherited from the shared configs
-that is not the stage's length is refused: it would train the stage at min_lr, or never decay.
+that is not the stage's length is refused: it would train the stage at min_lr, or never decay. So are
+freezing and a √n ramp in the first stage, which is not grown.
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def resolve_plan(plan: Plan, slurm: bool = False) -> list[ResolvedStage]:
         if not resolved and cfg.freeze_old_param_tokens:
             raise plan.error(f"{stage.where()}: key 'freeze_old_param_tokens': the first stage trains from scratch "
                              "and has no old tokens to freeze; set it in the stages that are grown")
+        if not resolved and cfg.norm_token_count_ramp_iters:
+            raise plan.error(f"{stage.where()}: key 'norm_token_count_ramp_iters': the first stage trains from "
+                             "scratch and is not grown, so it has no n of √n to ramp from; set it in the stages that "
+                             "are grown")
         growth = _growth(plan, stage, resolved[-1].config, cfg) if resolved else None
         resolved.append(ResolvedStage(stage, cfg, growth))
     return resolved

@@ -43,22 +43,34 @@ def share_cores() -> int:
     return threads
 
 
+# The allocator's settings: torch 2.13's name first, then the older CUDA-only one it still reads.
+ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
 def allocator_settings(device_name: str, environ: dict[str, str]) -> dict[str, str]:
     """Environment for the device's memory allocator, set before its first allocation: on CUDA, PyTorch's
-    expandable segments unless PYTORCH_CUDA_ALLOC_CONF says otherwise. A training step allocates buffers of
-    very different sizes in turn (activations in forward, flat gradient and master-weight partitions in the
-    optimizer step); with fixed segments the cache fragments, and near the card's capacity every step frees the
-    whole cache and retries the allocation, each time waiting for the device (docs/performance.md)."""
-    if device_name != "cuda" or "PYTORCH_CUDA_ALLOC_CONF" in environ:
+    expandable segments unless PYTORCH_ALLOC_CONF (or the older PYTORCH_CUDA_ALLOC_CONF) says otherwise. A
+    training step allocates buffers of very different sizes in turn (activations in forward, flat gradient and
+    master-weight partitions in the optimizer step); with fixed segments the cache fragments, and near the card's
+    capacity every step frees the whole cache and retries the allocation, each time waiting for the device
+    (docs/performance.md)."""
+    if device_name != "cuda" or any(name in environ for name in ALLOCATOR_VARIABLES):
         return {}
-    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    return {ALLOCATOR_VARIABLES[0]: "expandable_segments:True"}
+
+
+def use_training_allocator(device_name: str | None = None) -> None:
+    """Give this process the allocator settings a rank of deepy.py's gets on `device_name` (by default the
+    accelerator's), before its first device allocation: what a benchmark measures in its own process is then
+    what training gets."""
+    os.environ.update(allocator_settings(device_name or get_accelerator().device_name(), os.environ))
 
 
 def _prepare_process(settings: RuntimeSettings) -> None:
     """What a rank sets before its script's work: the device allocator's settings, Triton's interpreter where the
     kernels run on a CPU, its share of the cores, the watch on deepy.py, the extension cache (as deepy.py does,
     for ranks started without it: srun, mpirun by hand)."""
-    os.environ.update(allocator_settings(get_accelerator().device_name(), os.environ))
+    use_training_allocator()
     if settings.flash_backend == "triton" and get_accelerator().device_name() == "cpu":
         # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -68,8 +80,9 @@ def _prepare_process(settings: RuntimeSettings) -> None:
 
 
 def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
-    """A rank's entry point (train.py, generate.py, eval.py): `main` on the config deepy.py passed, then the
-    process group left and the process ended. An error every rank raises alike (a ConfigError, a damaged
+    """A rank's entry point (train.py, generate.py, eval.py, cluster_check.py): `main` on the config deepy.py
+    passed, then the process group left and the process ended; an int `main` returns is the exit status (the
+    cluster check's 3 when a section failed). An error every rank raises alike (a ConfigError, a damaged
     checkpoint: decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message,
     not one traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit,
     without the chained traceback of the OS error behind it (the message names it). Any other error prints its
@@ -80,10 +93,11 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
     cfg = decode_config(parser.parse_args().megatron_config)
     _prepare_process(RuntimeSettings.from_config(cfg))
-    code = 1
+    code, finished = 1, False
     try:
-        main(cfg)
-        code = 0
+        returned = main(cfg)
+        finished = True
+        code = returned if isinstance(returned, int) and not isinstance(returned, bool) else 0
     except (ConfigError, CheckpointUnreadable) as error:
         if is_output_rank():
             label = "config error" if isinstance(error, ConfigError) else "error"
@@ -95,7 +109,7 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     except Exception:  # noqa: BLE001 (any other error: its traceback, then exit 1 without the teardown below)
         traceback.print_exc()
     finally:
-        leave_process_group(finished=code == 0)
+        leave_process_group(finished=finished)
     end_process(code)
 
 

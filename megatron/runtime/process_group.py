@@ -19,7 +19,6 @@ from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
 from megatron.config import Config, ConfigError
-from megatron.host.shm_buffers import remove_rank_buffer
 from megatron.runtime.environment import export_rank_environment
 from megatron.runtime.rendezvous import TIMEOUT, join_launch
 from megatron.runtime.settings import RuntimeSettings
@@ -74,6 +73,7 @@ def initialize_distributed(cfg: Config) -> Placement:
     if not settings.inference:
         # Also when torch.distributed was up before (a caller's own group): DeepSpeed's collectives, which the
         # pipeline module uses before deepspeed.initialize, then wrap it.
+        without_deepspeeds_inference_comm_op()
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
     problem = settings.world_size_problem(dist.get_world_size())
     if problem:
@@ -83,6 +83,15 @@ def initialize_distributed(cfg: Config) -> Placement:
     if settings.deterministic:
         use_deterministic_kernels()
     return Placement(layout, torch.device(get_accelerator().current_device_name()))
+
+
+def without_deepspeeds_inference_comm_op() -> None:
+    """DeepSpeed's collectives build a C++ op on a CPU (a compile before the first start of every environment, and
+    a /dev/shm buffer per rank) that only its inference kernels' all-reduce uses (deepspeed/comm/torch.py); training's
+    collectives are torch.distributed's. Marked unavailable, it is neither built nor mapped."""
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
 
 
 def set_seed(seed: int) -> None:
@@ -105,11 +114,9 @@ def use_deterministic_kernels() -> None:
 
 def leave_process_group(finished: bool = True) -> None:
     """Destroy the process group; when every rank `finished`, only after a barrier, so that no rank shuts its
-    connections while another is still in a collective, and this rank's shared-memory buffer of DeepSpeed's CPU
-    collectives is removed (megatron/host/shm_buffers.py). (After an error some ranks may not reach the barrier:
+    connections while another is still in a collective. (After an error some ranks may not reach the barrier:
     the launcher stops the rest when the failed rank exits.)"""
     if dist.is_initialized():
         if finished:
             dist.barrier()
-            remove_rank_buffer(dist.get_rank())
         dist.destroy_process_group()

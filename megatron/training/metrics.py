@@ -3,7 +3,8 @@
 Only global rank 0 writes. metrics.jsonl has one JSON object per logged train
 step and per evaluation, with at least `iteration`, `split` ("train"/"valid")
 and `lm_loss`, so runs can be compared with a few lines of Python (or drawn with
-tools/plot_metrics.py). TensorBoard gets a folder per run under tensorboard_dir.
+tools/plot_metrics.py). A resumed run first drops a last line cut short by a kill, so that its first record
+is not joined to it. TensorBoard gets a folder per run under tensorboard_dir.
 """
 
 from __future__ import annotations
@@ -14,6 +15,30 @@ import socket
 import time
 from pathlib import Path
 from typing import Any
+
+
+def _drop_a_partial_last_line(path: Path) -> None:
+    """Cut `path` back to its last complete line: a run killed while writing a record leaves part of it, and a
+    record appended there would be joined to it, so that neither reads as JSON."""
+    if not path.is_file():
+        return
+    with open(path, "rb+") as stream:
+        size = stream.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        stream.seek(max(0, size - 1))
+        if stream.read(1) == b"\n":
+            return
+        keep = 0
+        for start in range(size, 0, -65536):  # the last newline, read backwards a block at a time
+            stream.seek(max(0, start - 65536))
+            block = stream.read(start - max(0, start - 65536))
+            if (found := block.rfind(b"\n")) >= 0:
+                keep = max(0, start - 65536) + found + 1
+                break
+        stream.truncate(keep)
+    print(f"{path}: dropped its last {size - keep} bytes, a record cut short when the run that wrote it was "
+          "killed", flush=True)
 
 
 class MetricsWriter:
@@ -27,6 +52,7 @@ class MetricsWriter:
         if cfg.log_dir:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
             self.path = Path(cfg.log_dir) / "metrics.jsonl"
+            _drop_a_partial_last_line(self.path)
             self._jsonl = open(self.path, "a", encoding="utf-8")
         if cfg.tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter

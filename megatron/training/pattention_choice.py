@@ -1,12 +1,9 @@
 """pattention_impl: auto, decided once per run from the memory model (megatron/model/memory.py).
 
-fused keeps one [tokens, n] score matrix per Pattention and is the faster one wherever memory does not bind
-(on this project's CPU 1.11x GPT-NeoX's tokens/s against flash's 0.71x; on an H200, deepy.py training 1-5B at
-4 layers, 234k against 109k tokens/s, with Θ in Triton kernels for both; benchmarks/RESULTS.md); flash keeps
-O(tokens) per Pattention and recomputes the scores (an H200 fits 1.5x fused's micro-batch with it). So auto
-takes fused unless the memory model says a training step of the configured micro-batch would not fit the device
-with fused, and flash then: the memory model predicted the H200's largest micro-batches within one (fused 20,
-flash 31 against 30).
+fused keeps one [tokens, n] score matrix per Pattention and is the faster one wherever memory does not bind;
+flash keeps O(tokens) per Pattention and recomputes the scores, so it fits a larger micro-batch at a cost in time
+(figures: benchmarks/RESULTS.md). So auto takes fused unless the memory model says a training step of the
+configured micro-batch would not fit the device with fused, and flash then.
 
 Per rank, the estimate is: model states (parameters and gradients in the training precision, fp32 master
 weights where that is 16-bit, Adam's two moments; optimizer states sharded over the data-parallel ranks under
@@ -28,6 +25,7 @@ import torch
 
 from megatron.model.args import TokenFormerArgs
 from megatron.model.memory import GIB, model_state_bytes, parameter_count, peak_activation_bytes
+from megatron.model.spec import slot_keys
 
 RESERVE = 0.10
 _DTYPES = {"fp16": torch.float16, "bfloat16": torch.bfloat16, "fp32": torch.float32}
@@ -60,10 +58,8 @@ def training_bytes_per_rank(args: TokenFormerArgs, impl: str, shape: RunShape, d
     states = model_state_bytes(params, shape.data_parallel, mixed_precision=shape.precision != "fp32",
                                sharded=shape.zero_stage >= 1)
     tp = shape.tensor_parallel
-    per_rank = dataclasses.replace(args, qkv_slot_num=math.ceil(args.qkv_slot_num / tp),
-                                   proj_slot_num=math.ceil(args.proj_slot_num / tp),
-                                   ffn_slot_num=math.ceil(args.ffn_slot_num / tp),
-                                   padded_vocab_size=math.ceil(args.padded_vocab_size / tp))
+    per_rank = dataclasses.replace(args, padded_vocab_size=math.ceil(args.padded_vocab_size / tp),
+                                   **{key: math.ceil(getattr(args, key) / tp) for key in slot_keys()})
     activations = peak_activation_bytes(per_rank, impl, _DTYPES[shape.precision], shape.micro_batch,
                                         args.checkpoint_activations, "cpu" if device_type == "cpu" else "cuda")
     return states + activations

@@ -218,6 +218,8 @@ class Trainer:
             state.iteration += 1
             state.consumed_samples += cfg.train_batch_size
             state.last_train_loss = loss
+            if self.norm_ramp is not None:  # the n of this iteration, for evaluation and a checkpoint saved here
+                self.norm_ramp.apply(state.iteration)
             window_steps += 1
             logged = state.iteration % cfg.log_interval == 0 or state.iteration == cfg.train_iters
             if logged:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from megatron.checkpoint.commit import LATEST, is_tag_name
+from megatron.checkpoint.commit import LATEST, is_tag_name, read_latest
 from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.checkpoint.safety import torch_file_problems
@@ -46,7 +46,10 @@ def tag_directory(path: Path) -> Path | None:
     """The `global_stepN` directory `path` is or whose `latest` names; None if `path` is neither."""
     marker = path / LATEST
     if marker.is_file():
-        tag = marker.read_text(encoding="utf-8").strip()
+        try:
+            tag = read_latest(path)
+        except ValueError as error:
+            raise FileNotFoundError(f"{error}; write the name of the checkpoint to load into it") from None
         if not is_tag_name(tag):
             raise FileNotFoundError(f"{marker} names {tag!r}, which is not a checkpoint directory inside {path} (such "
                                     "as global_step5); load that checkpoint by its own path if it is the one meant")

@@ -5,7 +5,8 @@ float size, a wrong width or dtype, or a NumPy array ends in a torch error many 
 run on every call: attribute reads only, no device synchronisation.
 """
 
-from numbers import Integral
+import math
+from numbers import Integral, Real
 
 import torch
 from torch import Tensor
@@ -19,6 +20,23 @@ def checked_int(where: str, value: object, meaning: str, positive: bool = True) 
     if positive and value <= 0:
         raise ValueError(f"{where}: must be {wanted} ({meaning})")
     return int(value)
+
+
+def checked_finite(where: str, value: object, meaning: str) -> float:
+    """`value` as a float; TypeError (a bool, a string, ...) or ValueError (NaN, ±inf) naming `where`: a NaN
+    scale would make every output NaN."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{where}: must be a finite number ({meaning}), not a {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: must be a finite number ({meaning})")
+    return float(value)
+
+
+def checked_dtype(where: str, value: object) -> torch.dtype | None:
+    """`value` if it is a floating-point torch.dtype (or None: torch's default); TypeError naming `where`."""
+    if value is None or (isinstance(value, torch.dtype) and value.is_floating_point):
+        return value
+    raise TypeError(f"{where}: must be a floating-point torch.dtype for the parameter tokens, e.g. torch.bfloat16")
 
 
 def _type_name(value: object) -> str:

@@ -1,4 +1,6 @@
-"""Flash Pattention: Θ(τ·X·K_Pᵀ)·V_P without ever holding the [tokens × n] score matrix of all input rows.
+"""Flash Pattention: Θ(τ·X·K_Pᵀ)·V_P without ever holding the [tokens × n] score matrix of all input rows, in
+blocks of rows: every Θ on the PyTorch tile backend, softmax on the Triton one (the l2 Θ with Triton run
+flash_triton.py's kernels, which hold no score block either; registry.py chooses).
 
 The input rows are cut into at most BLOCKS blocks of whole rows (row_blocks: ceil(tokens / BLOCKS) rows a
 block, never fewer than the device type's MIN_ROWS). Θ normalises each score row on its own (its statistics
@@ -36,19 +38,17 @@ from megatron.model.pattention import tiles_torch
 from megatron.model.pattention.fused import normalize_backward_by_tiles, normalize_by_tiles
 from megatron.model.pattention.theta import ZERO_ROW_GUARD, Reduce, check_theta, identity
 
-# Blocks of input rows a call cuts, at most, by device type. The memory target (flash's peak at most 0.35 of the
-# fused node's at n >= 4d) sets it. Backward's [rows, n] buffers are then 1/BLOCKS of a [tokens, n] one whatever
-# the token count, so the ratio stays as it is across micro-batches (where MIN_ROWS does not bind). On an H100
-# at 16,384 tokens (1-5B FFN, bf16, Triton tiles) 2048-row blocks (8, the blocks flash cuts there) peaked at 0.34
-# of fused, 4096-row ones (4) at 0.47 (benchmarks/gpu_reports/2026-11-27-h100-gpu_check.md). On a CPU
-# the PyTorch tiles hold about six fp32 [rows, n] buffers where the fused node's own passes hold two or three
-# [tokens, n] ones: at the 150M FFN (fp32, 1024 or 4096 tokens) 8 blocks peak at 0.43 of fused, 16 at 0.27.
-# benchmarks.gpu_pattention --blocks-sweep times the GPU's choice.
+# Blocks of input rows a call cuts, at most, by device type: backward's [rows, n] buffers are then 1/BLOCKS of a
+# [tokens, n] one whatever the token count, so flash's peak against the fused node's stays as it is across
+# micro-batches (where MIN_ROWS does not bind). The peak target (at most 0.35 of fused's at n >= 4d) sets the
+# number; a CPU needs more blocks, because its PyTorch tiles hold more [rows, n] buffers than the fused node holds
+# [tokens, n] ones. The sweeps that chose both figures: benchmarks/RESULTS.md ("Flash Pattention's host work") and
+# benchmarks.gpu_pattention --blocks-sweep.
 BLOCKS = {"cpu": 16, "default": 8}
-# The fewest input rows a block, by device type, so that small inputs run in one block or a few (one block:
-# the operators of the fused node and one GEMM more): on a GPU blocks of a few thousand rows fill the SMs and
-# keep the launches few (the sweep above: 512-row blocks took 3.8 x the time of 2048-row ones at the 1-5B Q,
-# K, V); on a CPU the memory test's 1024 tokens already need 64-row blocks (tests/test_pattention_kernels.py).
+# The fewest input rows a block, by device type, so that small inputs run in one block or a few (one block: the
+# operators of the fused node and one GEMM more): on a GPU, blocks of a few thousand rows fill the SMs and keep
+# the launches few; on a CPU the memory test's 1024 tokens already need 64-row blocks
+# (tests/test_pattention_kernels.py).
 MIN_ROWS = {"cpu": 64, "default": 2048}
 
 

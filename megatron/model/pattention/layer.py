@@ -3,7 +3,7 @@
     from megatron.model.pattention import Pattention
     layer = Pattention(d_in, d_out, n)        # theta="l2_norm_gelu", impl="fused", keys and values N(0, 0.02²)
     y = layer(x)                              # x [..., d_in] -> [..., d_out], whatever the leading dimensions
-    layer.grow(2 * n)                         # twice the parameter tokens, the same function (l2 variants)
+    layer.grow(2 * n)                         # twice the parameter tokens, as the official code grows them
 
 The parameters keep the official names, `key_param_tokens` [n, d_in] and `value_param_tokens` [n, d_out];
 the int64 buffer `norm_token_count` (the n of Θ's √n and ·n) is saved in the state_dict with them. Sizes and
@@ -23,8 +23,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from megatron.model.args import FLASH_BACKENDS, PATTENTION_IMPLS
-from megatron.model.pattention.boundary import checked_input, checked_int
+from megatron.model.args import DEFAULT_GROWTH_MODE, FLASH_BACKENDS, GROWTH_MODES, PATTENTION_IMPLS
+from megatron.model.pattention.boundary import checked_dtype, checked_finite, checked_input, checked_int
+from megatron.model.pattention.grown_parameters import append_rows
 from megatron.model.pattention.registry import check_choice, pattentions_function
 from megatron.model.pattention.theta import Reduce, check_theta, identity
 
@@ -33,7 +34,6 @@ DEFAULT_IMPL = "fused"
 # the official `normal` init method. In a TokenFormerModel, initialize_parameters redraws every parameter from
 # the config's init methods and seed.
 INIT_STD = 0.02
-GROWTH_MODES = ("preserve", "official")
 
 
 def _draw_init(tensor: Tensor) -> None:
@@ -47,7 +47,8 @@ class Pattention(nn.Module):
 
     `theta` is Θ (theta.py: l2_norm_gelu, gelu_l2_norm or softmax), `tau` the score scale τ. `norm_token_count`
     is the n Θ normalises by, `n` unless given (a tensor-parallel block holds fewer tokens than the layer it
-    normalises as). `impl` and `flash_backend` choose how it is computed (registry.py).
+    normalises as). `impl` and `flash_backend` choose how it is computed (registry.py); `device` and `dtype` where
+    the parameter tokens are made, as for nn.Linear.
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class Pattention(nn.Module):
         impl: str = DEFAULT_IMPL,
         flash_backend: str = "auto",
         device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
         norm_token_count: int | None = None,
     ) -> None:
         super().__init__()
@@ -70,6 +72,8 @@ class Pattention(nn.Module):
         if norm_token_count is not None:
             norm_token_count = checked_int(f"Pattention(norm_token_count={norm_token_count!r})", norm_token_count,
                                            "the n that Θ normalises by")
+        tau = checked_finite(f"Pattention(tau={tau!r})", tau, "the score scale")
+        dtype = checked_dtype(f"Pattention(dtype={dtype!r})", dtype)
         check_theta(theta)
         check_choice("pattention_impl", impl, PATTENTION_IMPLS)
         check_choice("flash_backend", flash_backend, FLASH_BACKENDS)
@@ -77,8 +81,8 @@ class Pattention(nn.Module):
         self.tau = tau
         self.impl = impl
         self.flash_backend = flash_backend
-        self.key_param_tokens = nn.Parameter(torch.empty(n, d_in, device=device))
-        self.value_param_tokens = nn.Parameter(torch.empty(n, d_out, device=device))
+        self.key_param_tokens = nn.Parameter(torch.empty(n, d_in, device=device, dtype=dtype))
+        self.value_param_tokens = nn.Parameter(torch.empty(n, d_out, device=device, dtype=dtype))
         self.register_buffer("norm_token_count", torch.tensor(n if norm_token_count is None else norm_token_count,
                                                               dtype=torch.int64, device=device))
         self.reset_parameters()
@@ -88,17 +92,17 @@ class Pattention(nn.Module):
         _draw_init(self.key_param_tokens)
         _draw_init(self.value_param_tokens)
 
-    def grow(self, new_count: int, mode: str = "preserve") -> None:
+    def grow(self, new_count: int, mode: str = DEFAULT_GROWTH_MODE) -> None:
         """Append parameter tokens up to `new_count`, as docs/growth.md's two modes grow a checkpoint:
 
+            official  (the default, as growth_mode) new keys and values from the init, `norm_token_count` =
+                      new_count, as the official code normalises by its current token count: the function changes
             preserve  new keys zero, new values from the init, `norm_token_count` kept: the l2 variants compute
                       the same function (a zero key scores 0, which adds nothing to ‖A‖₂, and GeLU(0) = 0)
-            official  new keys and values from the init, `norm_token_count` = new_count, as the official code
-                      normalises by its current token count: the function changes
 
-        The token matrices become new Parameters (the old rows copied): an optimizer built over the old ones
-        must be rebuilt. Shrinking is refused, and so is preserve growth of softmax, which no new keys keep
-        unchanged.
+        The token matrices keep their Parameter objects and gain rows (grown_parameters.py): an optimizer built
+        before trains the new tokens too, and one that already holds state of the old size is refused at its next
+        step. Shrinking is refused, and so is preserve growth of softmax, which no new keys keep unchanged.
         """
         check_choice("mode", mode, GROWTH_MODES)
         new_count = checked_int(f"grow(new_count={new_count!r})", new_count, "the new number of parameter tokens",
@@ -118,9 +122,9 @@ class Pattention(nn.Module):
         if mode == "official":
             _draw_init(keys)
             self.norm_token_count.fill_(new_count)
-        for name, new_rows in (("key_param_tokens", keys), ("value_param_tokens", values)):
-            old = getattr(self, name)
-            setattr(self, name, nn.Parameter(torch.cat([old.detach(), new_rows]), requires_grad=old.requires_grad))
+        with torch.no_grad():
+            append_rows(self.key_param_tokens, keys)
+            append_rows(self.value_param_tokens, values)
 
     def run(self, layers: Sequence["Pattention"], x: Tensor, reduce_sum: Reduce = identity,
             reduce_max: Reduce = identity) -> Tensor:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from megatron.model.args import DEFAULT_GROWTH_MODE
 from megatron.model.pattention.layer import DEFAULT_IMPL, Pattention
 from megatron.mpu import all_reduce_max, all_reduce_sum, copy_to_region, mark_split, reduce_from_region, split_size
 
@@ -42,7 +43,7 @@ class ParallelPattention(Pattention):
         mark_split(self.key_param_tokens, dim=0)
         mark_split(self.value_param_tokens, dim=0)
 
-    def grow(self, new_count: int, mode: str = "preserve") -> None:
+    def grow(self, new_count: int, mode: str = DEFAULT_GROWTH_MODE) -> None:
         """Refused: a block's new rows belong between the other ranks' blocks, drawn from the model's init."""
         raise NotImplementedError("ParallelPattention is one tensor-parallel block of a model's Pattention: grow the "
                                   "model's checkpoint (tools/grow_checkpoint.py, docs/growth.md), which places the new "

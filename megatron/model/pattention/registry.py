@@ -3,8 +3,10 @@
 
     plain   plain.py: the reference formula under autograd (about three [tokens, n] tensors kept)
     fused   fused.py: one autograd node keeping one [tokens, n] score matrix for backward
-    flash   flash.py: blocks of input rows, keeping the input and O(tokens) statistics, whatever n is
-The tile backend (config key flash_backend) runs Θ's elementwise work of flash, and of fused where it is Triton:
+    flash   keeping the input and O(tokens) statistics, whatever n is: with the Triton backend and an l2 Θ,
+            flash_triton.py's kernels (no score tile leaves the chip); otherwise flash.py's blocks of input rows
+The tile backend (config key flash_backend) runs Θ's elementwise work of flash's blocks, and of fused where it
+is Triton:
               pytorch   tiles_torch.py for flash; fused's own PyTorch passes
               triton    tiles_triton.py (Triton kernels; on a CPU only under Triton's interpreter)
               auto      triton on CUDA tensors, pytorch elsewhere
@@ -37,6 +39,9 @@ TILE_BACKENDS: dict[str, str] = {
     "pytorch": "megatron.model.pattention.tiles_torch",
     "triton": "megatron.model.pattention.tiles_triton",
 }
+FLASH_KERNELS = "megatron.model.pattention.flash_triton"
+# The Θ flash_triton.py's kernels compute; flash with the Triton backend runs the others in blocks of rows.
+FLASH_KERNEL_THETAS = ("l2_norm_gelu", "gelu_l2_norm")
 
 
 def check_choice(key: str, name: str, choices: tuple[str, ...]) -> None:
@@ -73,8 +78,12 @@ def pattentions_function(impl: str, flash_backend: str = "auto") -> Callable[...
     def with_tiles(x: Tensor, key_tokens: Sequence[Tensor], value_tokens: Sequence[Tensor], theta: str, tau: float,
                    norm_token_counts: Sequence[int | Tensor], reduce_sum: Reduce = identity,
                    reduce_max: Reduce = identity) -> Tensor:
+        backend = resolved_backend(flash_backend, x.device)
+        tiles = tile_functions(flash_backend, x.device)  # a failed Triton import: one error, whatever the path
+        if impl == "flash" and backend == "triton" and theta in FLASH_KERNEL_THETAS:
+            return importlib.import_module(FLASH_KERNELS).flash_kernel_pattentions(
+                x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max)
         # fused without Triton runs its own PyTorch passes, not tiles_torch's
-        pytorch_fused = impl == "fused" and resolved_backend(flash_backend, x.device) == "pytorch"
         return implementation(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max,
-                              tiles=None if pytorch_fused else tile_functions(flash_backend, x.device))
+                              tiles=None if impl == "fused" and backend == "pytorch" else tiles)
     return with_tiles

@@ -1,0 +1,168 @@
+"""The CPU image's build for tests/test_docker_image.py, in a process of its own.
+
+The build mostly waits on the network and the disk (Debian's archive, PyPI, unpacking), so when the session will
+run the image test, tests/conftest.py starts it as the session begins and the rest of the suite runs meanwhile;
+the test then waits for it (or, run alone, starts it itself). The process installs podman, runc and debootstrap
+if missing, makes the Debian base image if missing (kept between runs), and builds the project's image from the
+unchanged Dockerfile; its last line on stdout is a JSON record: the image's tag, or the step that failed with
+its command and the end of its output.
+
+    python -m tests.docker_build WORK_DIR TAG
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests import docker_image
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
+BUILD_SECONDS = 2400
+
+
+class BuildFailed(Exception):
+    """A step of the build failed: the message names it, its command and the end of its output."""
+
+
+def podman_env(work_dir: Path) -> dict[str, str]:
+    """The environment podman commands run in (docker_image.CONTAINERS_CONF, written under `work_dir`)."""
+    conf = work_dir / "containers.conf"
+    conf.write_text(docker_image.CONTAINERS_CONF)
+    return dict(os.environ, CONTAINERS_CONF=str(conf))
+
+
+def _step(name: str, command: list[str], env: dict[str, str], timeout: float = 900, **kwargs) -> None:
+    try:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise BuildFailed(f"step '{name}' did not finish in {timeout:.0f} s: {docker_image.shell(command)}") from None
+    if result.returncode != 0:
+        raise BuildFailed(f"step '{name}' exited {result.returncode}: {docker_image.shell(command)}\n"
+                          f"{(result.stdout + result.stderr)[-6000:]}")
+
+
+def _local_cpu_torch() -> str | None:
+    """A folder of this machine's pip configuration that holds the CPU torch wheel the image's Python takes."""
+    from tests.test_docker import pins
+
+    config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    folders = re.findall(r"find-links='([^']+)'", config) + os.environ.get("PIP_FIND_LINKS", "").split()
+    torch_pin = pins(REPO / "requirements" / "requirements.txt")["torch"]
+    for folder in dict.fromkeys(folders):
+        if glob.glob(f"{folder}/torch-{torch_pin}+cpu-cp311-*.whl"):
+            return folder
+    return None
+
+
+def build(work_dir: Path, tag: str) -> None:
+    """Everything the image needs, then the image `tag` (BuildFailed names the step that failed)."""
+    missing = sorted({package for command, package in PACKAGES.items() if not shutil.which(command)})
+    apt = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    if missing:
+        _step("install podman", ["apt-get", "update", "-qq"], apt)
+        _step("install podman", ["apt-get", "install", "-y", "-qq", *missing], apt)
+    env = podman_env(work_dir)
+    if subprocess.run(["podman", "image", "exists", docker_image.BASE_IMAGE], env=env).returncode != 0:
+        rootfs = work_dir / "rootfs"
+        for line in docker_image.make_base(str(rootfs)):
+            _step("make the Debian base image", ["bash", "-o", "pipefail", "-c", line], env)
+        shutil.rmtree(rootfs)
+    wheels = _local_cpu_torch()
+    options = dict(pip_options=f"--find-links {wheels}", volumes=(f"{wheels}:{wheels}:ro",)) if wheels else {}
+    ca_bundle = docker_image.CA_BUNDLE if Path(docker_image.CA_BUNDLE).is_file() else None
+    _step("build the image", docker_image.build(tag, ca_bundle=ca_bundle, **options), env, timeout=BUILD_SECONDS,
+          cwd=REPO)
+
+
+@dataclass
+class BackgroundBuild:
+    """A build running in its own process (and process group); `result()` waits for it."""
+
+    work_dir: Path
+    tag: str
+    process: subprocess.Popen
+
+    @classmethod
+    def start(cls, work_dir: Path) -> BackgroundBuild:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        tag = f"localhost/tokenformer-neox-test:{uuid.uuid4().hex[:12]}"
+        log = open(work_dir / "build.log", "w")  # noqa: SIM115 - the child writes it; closed with the handle
+        process = subprocess.Popen([sys.executable, "-m", "tests.docker_build", str(work_dir), tag], cwd=REPO,
+                                   stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+        log.close()
+        return cls(work_dir, tag, process)
+
+    def result(self) -> str:
+        """The image's tag once built; BuildFailed otherwise."""
+        try:
+            out, _ = self.process.communicate(timeout=BUILD_SECONDS + 600)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise BuildFailed(f"the image's build did not finish in {BUILD_SECONDS + 600} s") from None
+        lines = out.strip().splitlines()
+        record = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {
+            "error": f"the build process exited {self.process.returncode} without a result:\n"
+                     f"{(self.work_dir / 'build.log').read_text()[-6000:]}"}
+        if "error" in record:
+            raise BuildFailed(record["error"])
+        return record["tag"]
+
+    def stop(self) -> None:
+        """End the build if it still runs, and remove its image if it was made (the base stays)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait()
+        remove_image(self.tag, podman_env(self.work_dir))
+
+
+_session_build: list[BackgroundBuild] = []  # the build tests/conftest.py started for this session, if any
+
+
+def start_for_session() -> None:
+    """Start the build now, for the image test to take later (tests/conftest.py, when the session will run it)."""
+    _session_build.append(BackgroundBuild.start(Path(tempfile.mkdtemp(prefix="tokenformer-image-"))))
+
+
+def take_session_build() -> BackgroundBuild | None:
+    """The build started for this session (None if none was): its caller stops it."""
+    return _session_build.pop() if _session_build else None
+
+
+def stop_session_build() -> None:
+    """At the session's end: a build no test took (the session was interrupted) is ended, its image removed."""
+    while _session_build:
+        build = _session_build.pop()
+        build.stop()
+        shutil.rmtree(build.work_dir, ignore_errors=True)
+
+
+def remove_image(tag: str, env: dict[str, str]) -> None:
+    subprocess.run(["podman", "rmi", "--force", tag], env=env, capture_output=True)
+    subprocess.run(["podman", "image", "prune", "--force"], env=env, capture_output=True)
+
+
+def main(argv: list[str]) -> int:
+    work_dir, tag = Path(argv[0]), argv[1]
+    try:
+        build(work_dir, tag)
+    except BuildFailed as failure:
+        print(json.dumps({"error": str(failure)}))
+        return 1
+    print(json.dumps({"tag": tag}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
