@@ -223,8 +223,8 @@ class LeanStep:
             with phase(FORWARD):
                 logits = self.module(batch[:, :-1])
             loss = lm_loss(logits, batch[:, 1:])
-            with phase(BACKWARD):
-                (loss / self.accumulation).backward()
+            with phase(BACKWARD):  # x / 1 is x: no division without accumulation
+                (loss / self.accumulation if self.accumulation > 1 else loss).backward()
             total += loss.detach()
         with phase(OPTIMIZER):
             norm = self.update.step()
