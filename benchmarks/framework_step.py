@@ -1,33 +1,41 @@
 """The framework's training step against the same model in a plain PyTorch loop, and where its extra time goes.
 
     python -m benchmarks.framework_step [--size cpu|toy|full] [--layers N] [--precision fp32|bf16]
-        [--variants ...] [--warmup 2] [--steps 5] [--profile-steps 2] [--rounds 1] [--json FILE]
+        [--variants ...] [--warmup 2] [--steps 5] [--profile-steps 2] [--rounds 1] [--budget S] [--json FILE]
 
 One model, configs/1-5B.yml's (at `--size full`; `cpu` and `toy` keep its keys but shrink width, depth,
-sequence and vocabulary to fit a CPU; `--layers` sets the depth), trained five ways on one device:
+sequence and vocabulary to fit a CPU; `--layers` sets the depth), trained on one device in these ways, each on
+the same batches from the same loader (the run's memory-mapped corpus and sampler) under the run's learning-rate
+schedule:
 
     plain          TokenFormerModel in the run's dtype: forward, fp32 logits into F.cross_entropy, backward, torch's
-                   fused AdamW with the config's betas, eps and weight-decay groups, on one batch kept on the device
-    plain+masters  the same in bf16 with fp32 master weights, as mixed precision keeps them: gradients copied to
-                   fp32 and clipped by their global norm, AdamW on the masters, the masters copied back (bf16 only)
-    framework-pp0  the Trainer exactly as `deepy.py train.py configs/1-5B.yml` builds it: DeepSpeed's engine with
-                   the config's ZeRO stage 1, its data path (memory-mapped corpus, sampler, loader), learning-rate
-                   schedule, gradient clipping, non-finite check, exit conditions and a log line every
-                   log_interval (the config's 1), with pipe_parallel_size 0 (DeepSpeed's plain engine) ...
-    framework-pp1  ... and 1, the config's own (DeepSpeed's pipeline engine with one stage)
-    framework-pp1+recompute  ... with the config's own activation checkpointing (its HFU counts the recomputed
+                   fused AdamW with the config's betas, eps and weight-decay groups
+    plain+masters  the same with fp32 master weights beside the model's, as mixed precision keeps them (and
+                   DeepSpeed's ZeRO keeps them in fp32 too): gradients as fp32, clipped by their global norm,
+                   AdamW on the masters, the masters copied into the model: the framework's recipe, its fair peer
+    framework      the Trainer exactly as `deepy.py train.py configs/1-5B.yml` builds it: DeepSpeed's engine with
+                   the config's ZeRO stage 1 and pipe_parallel_size 1, its data path, learning-rate schedule,
+                   gradient clipping, non-finite check, exit conditions and a log line every log_interval (the
+                   config's 1), its step as deepy.py takes it (the lean step on one process, eager layers)
+    framework-deepspeed      ... with lean_step false: DeepSpeed's ZeRO-1 step and one-stage pipeline engine
+    framework-deepspeed-pp0  ... and pipe_parallel_size 0: DeepSpeed's plain engine (GPT-NeoX's pp 0)
+    framework+compile        ... with each layer compiled (compile: {enable: true})
+    framework+recompute      ... with the config's own activation checkpointing (its HFU counts the recomputed
                    forward; only when asked for)
     gpt-neox       transformers' GPTNeoXForCausalLM of the same parameter count (MLP width chosen to match) in the
                    plain loop
 
 Each variant runs in a process of its own (the whole device to itself, the allocator settings a rank of
-deepy.py's gets; the variants follow each other, `--rounds` times, and each keeps its fastest round): `--warmup` steps, then `--steps` timed together, then
-`--profile-steps` under torch.profiler. The corpus and the tokenizer are made here (benchmarks/synthetic_data.py).
-bf16 on a GPU, fp32 on a CPU unless `--precision` says otherwise. TFLOP/s count megatron/model/flops.py's model
-FLOPs (no recomputation; the same count for every variant); MFU is over the device's dense bf16 peak
-(megatron/training/utilization.py) on a GPU and over the fastest fp32 GEMM measured here on a CPU. The breakdown
-(benchmarks/step_breakdown.py) splits each variant's profiled steps by phase. The last line is the framework's
-tokens/s (the config's pipe_parallel_size) over the plain loop's.
+deepy.py's gets); the variants follow each other in the order given, `--rounds` times, and each reports its
+median round; `--budget` starts no variant after that many seconds (the GPU check's time limit). A run is
+`--warmup` steps, then `--steps` timed together, then `--profile-steps` under torch.profiler; every step's loss is
+kept on the device and read at the end (the loops wait for nothing). The corpus and the tokenizer are made here
+(benchmarks/synthetic_data.py). bf16 on a GPU, fp32 on a CPU unless `--precision` says otherwise. TFLOP/s count
+megatron/model/flops.py's model FLOPs (no recomputation; the same count for every variant); MFU is over the
+device's dense bf16 peak (megatron/training/utilization.py) on a GPU and over the fastest fp32 GEMM measured here
+on a CPU. The breakdown (benchmarks/step_breakdown.py) splits each variant's profiled steps by phase; the
+decision table (benchmarks/framework_tables.py) sets each lever's variants side by side. The last line is
+deepy.py's step's tokens/s over plain+masters' (and plain's beside it).
 """
 
 from __future__ import annotations
@@ -43,13 +51,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks.framework_tables import median_round, print_tables
 from megatron.model.args import PATTENTION_IMPLS
-from megatron.training.phases import BOOKKEEPING, DATA, GRADIENT_REDUCTION, LOSS, LOSS_READOUT, OPTIMIZER
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "1-5B.yml"
-VARIANTS = ("plain", "plain+masters", "framework-pp0", "framework-pp1", "framework-pp1+recompute", "gpt-neox")
-DEFAULT_VARIANTS = ("plain", "plain+masters", "framework-pp0", "framework-pp1", "gpt-neox")
+# deepy.py's step under overrides of configs/1-5B.yml (see the module docstring)
+FRAMEWORK_OVERRIDES = {
+    "framework": [],
+    "framework-deepspeed": ["lean_step=false"],
+    "framework-deepspeed-pp0": ["lean_step=false", "pipe_parallel_size=0"],
+    "framework+compile": ["compile={enable: true}"],
+    "framework+recompute": ["checkpoint_activations=true"],
+}
+VARIANTS = ("plain", "plain+masters", *FRAMEWORK_OVERRIDES, "gpt-neox")
+DEFAULT_VARIANTS = ("plain", "plain+masters", "framework", "framework-deepspeed", "gpt-neox")
 # Shapes that fit a CPU, laid over configs/1-5B.yml (the 150M config's ratios: qkv = proj = d, ffn = 4d).
 SIZES = {
     "full": {"vocab": 50277, "micro_batch": 8, "overrides": []},
@@ -74,13 +90,14 @@ class Measured:
     peak_reserved_bytes: int | None = None
     allocator_retries: int | None = None  # cudaMalloc failures that freed the cache and retried, in timed steps
     breakdown: dict = field(default_factory=dict)
+    losses: list[float] = field(default_factory=list)  # every step's, warm-up, timed and profiled
 
 
 # --- the run's config and model, shared by every variant --------------------------------------------------------
 
-def run_overrides(options, pipe_parallel_size: int = 1, recompute: bool = False) -> list[str]:
+def run_overrides(options, variant: str = "framework") -> list[str]:
     """key=value overrides of configs/1-5B.yml for one process: the size, precision, the made-up data, one step =
-    one micro-batch, activation checkpointing only with `recompute`, no evaluation or saving."""
+    one micro-batch, no activation checkpointing, no evaluation or saving, then the framework variant's own."""
     overrides = list(SIZES[options.size]["overrides"])
     for key, value in (("num_layers", options.layers), ("pattention_impl", options.pattention_impl)):
         if value is not None:
@@ -90,11 +107,11 @@ def run_overrides(options, pipe_parallel_size: int = 1, recompute: bool = False)
     return overrides + list(options.set or []) + [
         "fp16={enabled: false}", f"bf16={{enabled: {flag(options.precision == 'bf16')}}}", "num_gpus=1",
         f"train_micro_batch_size_per_gpu={micro_batch}", f"train_batch_size={micro_batch}",
-        "gradient_accumulation_steps=1", f"checkpoint_activations={flag(recompute)}",
-        f"pipe_parallel_size={pipe_parallel_size}", f"data_path={options.data}", f"vocab_file={options.tokenizer}",
+        "gradient_accumulation_steps=1", "checkpoint_activations=false", "pipe_parallel_size=1",
+        f"data_path={options.data}", f"vocab_file={options.tokenizer}",
         "tokenizer_type=HFTokenizer", "split=990,10,0", f"train_iters={iterations}", f"lr_decay_iters={iterations}",
         "eval_interval=100000", "eval_iters=1", "extra_save_iters=null", "keep_last_n_checkpoints=null",
-        f"log_dir={Path(options.work) / 'logs'}"]
+        f"log_dir={Path(options.work) / 'logs'}", *FRAMEWORK_OVERRIDES.get(variant, [])]
 
 
 def device_and_dtype(precision: str):
@@ -137,12 +154,13 @@ def profile_steps(run: Callable[[int], None], steps: int) -> dict:
     return as_json(breakdown(prof.events(), steps))
 
 
-def measure(variant: str, build: Callable[[], tuple[Callable[[int], None], int, int]], options) -> Measured:
-    """Warm-up, timed and profiled steps of the step function `build` returns (with the parameter count and the
-    tokens a step trains)."""
+def measure(variant: str, build: Callable[[], tuple[Callable[[int], None], Callable[[], list[float]], int, int]],
+            options) -> Measured:
+    """Warm-up, timed and profiled steps of the step function `build` returns (with a function reading back
+    the losses of the steps run, the parameter count and the tokens a step trains)."""
     import torch
 
-    run, parameters, tokens = build()
+    run, losses, parameters, tokens = build()
     run(options.warmup)
     synchronize()
     if torch.cuda.is_available():
@@ -156,33 +174,37 @@ def measure(variant: str, build: Callable[[], tuple[Callable[[int], None], int, 
     if memory:
         memory["allocator_retries"] -= retries_before
     phases = profile_steps(run, options.profile_steps) if options.profile_steps else {}
-    return Measured(variant, parameters, tokens, seconds, **memory, breakdown=phases)
+    return Measured(variant, parameters, tokens, seconds, **memory, breakdown=phases, losses=losses())
 
 
 # --- the variants -----------------------------------------------------------------------------------------------
 
-def plain_loop(model, cfg, device, masters: bool) -> Callable[[int], None]:
-    """Steps of the plain loop on one fixed batch; `masters`: with fp32 master weights (the model in bf16)."""
+def plain_loop(model, cfg, device, masters: bool, batches) -> tuple[Callable[[int], None], Callable[[], list]]:
+    """Steps of the plain loop on `batches` (the run's loader) under the run's learning-rate schedule, and a function
+    reading back their losses; `masters`: with fp32 master weights beside the model's (a copy even in fp32, as
+    DeepSpeed's ZeRO keeps one) and the config's gradient clipping."""
     import torch
     import torch.nn.functional as F
 
+    from megatron.training.learning_rates import LRSchedule
     from megatron.training.optimizer import parameter_groups
-    from megatron.training.phases import BACKWARD, FORWARD, LOSS, OPTIMIZER, phase
+    from megatron.training.phases import BACKWARD, DATA, FORWARD, LOSS, OPTIMIZER, phase
 
     params = [p for p in model.parameters() if p.requires_grad]
     groups = parameter_groups(model, cfg.weight_decay)
     if masters:
-        master_of = {p: p.detach().float().requires_grad_() for p in params}
+        master_of = {p: p.detach().to(torch.float32, copy=True).requires_grad_() for p in params}
         groups = [{**g, "params": [master_of[p] for p in g["params"]]} for g in groups]
         master_list = [master_of[p] for p in params]
     settings = cfg.optimizer.get("params", {})
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(settings.get("betas", (0.9, 0.999))),
                                   eps=settings.get("eps", 1e-8), fused=True)
-    generator = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, cfg.padded_vocab_size, (cfg.train_micro_batch_size_per_gpu, cfg.seq_length + 1),
-                          generator=generator).to(device)
+    schedule, losses = LRSchedule.from_config(cfg), []
 
     def step() -> None:
+        schedule.apply(optimizer, len(losses))
+        with phase(DATA):
+            batch = next(batches).to(device)
         with phase(FORWARD):
             logits = model(batch[:, :-1])
         with phase(LOSS):
@@ -191,12 +213,11 @@ def plain_loop(model, cfg, device, masters: bool) -> Callable[[int], None]:
             loss.backward()
         with phase(OPTIMIZER):
             if masters:
-                grads = [p.grad for p in params]
-                for master, grad in zip(master_list, grads):
-                    master.grad = grad.float()
-                norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([m.grad for m in master_list])))
-                torch._foreach_mul_([m.grad for m in master_list],
-                                    (cfg.gradient_clipping / (norm + 1e-6)).clamp(max=1.0))
+                for master, param in zip(master_list, params):
+                    master.grad = param.grad.float()
+                grads = [m.grad for m in master_list]
+                norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+                torch._foreach_mul_(grads, (cfg.gradient_clipping / (norm + 1e-6)).clamp(max=1.0))
                 optimizer.step()
                 with torch.no_grad():
                     torch._foreach_copy_(params, master_list)
@@ -205,12 +226,13 @@ def plain_loop(model, cfg, device, masters: bool) -> Callable[[int], None]:
             else:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
 
     def run(steps: int) -> None:
         for _ in range(steps):
             step()
 
-    return run
+    return run, lambda: torch.stack(losses).tolist()
 
 
 def gpt_neox_model(args):
@@ -241,16 +263,17 @@ def gpt_neox_model(args):
     return Logits()
 
 
-def run_config(options, pipe_parallel_size: int = 1, recompute: bool = False):
+def run_config(options, variant: str = "framework"):
     from megatron.config import load_config
 
-    return load_config([CONFIG], run_overrides(options, pipe_parallel_size, recompute), world_size=1)
+    return load_config([CONFIG], run_overrides(options, variant), world_size=1)
 
 
 def build_plain(options, masters: bool = False, neox: bool = False):
     import torch
 
     from megatron.model import TokenFormerModel
+    from megatron.training.data import batch_iterator, build_datasets
     from megatron.training.pretrain import run_model_args
 
     cfg = run_config(options)
@@ -260,10 +283,12 @@ def build_plain(options, masters: bool = False, neox: bool = False):
     model = (gpt_neox_model(args) if neox else TokenFormerModel(args)).to(device=device, dtype=dtype)
     model.train()
     parameters = sum(p.numel() for p in model.parameters())
-    return plain_loop(model, cfg, device, masters), parameters, cfg.train_micro_batch_size_per_gpu * cfg.seq_length
+    batches = batch_iterator(build_datasets(cfg).train, 0, cfg.train_micro_batch_size_per_gpu, 0, 1)
+    run, losses = plain_loop(model, cfg, device, masters, batches)
+    return run, losses, parameters, cfg.train_micro_batch_size_per_gpu * cfg.seq_length
 
 
-def build_framework(options, pipe_parallel_size: int, recompute: bool = False):
+def build_framework(options, variant: str):
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
 
@@ -272,22 +297,25 @@ def build_framework(options, pipe_parallel_size: int, recompute: bool = False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     dist.init_process_group(get_accelerator().communication_backend_name(), rank=0, world_size=1)
-    cfg = run_config(options, pipe_parallel_size, recompute)
+    cfg = run_config(options, variant)
     trainer = Trainer(cfg)
 
     def run(steps: int) -> None:
         trainer.train(until=trainer.state.iteration + steps)
 
+    def losses() -> list[float]:
+        trainer.metrics.close()
+        records = map(json.loads, (Path(cfg.log_dir) / "metrics.jsonl").read_text().splitlines())
+        return [r["lm_loss"] for r in records if r["split"] == "train"]
+
     parameters = sum(p.numel() for p in trainer.engine.module.parameters())
-    return run, parameters, cfg.train_batch_size * cfg.seq_length
+    return run, losses, parameters, cfg.train_batch_size * cfg.seq_length
 
 
 BUILDERS = {
     "plain": lambda o: build_plain(o),
     "plain+masters": lambda o: build_plain(o, masters=True),
-    "framework-pp0": lambda o: build_framework(o, 0),
-    "framework-pp1": lambda o: build_framework(o, 1),
-    "framework-pp1+recompute": lambda o: build_framework(o, 1, recompute=True),
+    **{name: (lambda o, name=name: build_framework(o, name)) for name in FRAMEWORK_OVERRIDES},
     "gpt-neox": lambda o: build_plain(o, neox=True),
 }
 
@@ -304,14 +332,14 @@ def child_environment() -> dict[str, str]:
     return {**os.environ, **allocator_settings("cuda" if torch.cuda.is_available() else "cpu", os.environ)}
 
 
-def child_run(options, variant: str, work: Path) -> dict:
-    """What `variant` measured (or, for "info", the run's facts), in a process of its own: the device stays
-    untouched in this one."""
+def child_run(options, variant: str, work: Path, round_index: int = 0) -> dict:
+    """What `variant` measured in round `round_index` (or, for "info", the run's facts), in a process of its own:
+    the device stays untouched in this one."""
     from tests.distributed import free_port
 
-    out = work / f"{variant}.json"
+    out = work / f"{variant}-{round_index}.json"
     command = [sys.executable, "-m", "benchmarks.framework_step", "--child", variant, "--json", str(out),
-               "--work", str(work / variant), "--port", str(free_port())]
+               "--work", str(work / f"{variant}-{round_index}"), "--port", str(free_port())]
     for name in ("size", "layers", "pattention_impl", "micro_batch", "precision", "warmup", "steps", "profile_steps",
                  "data", "tokenizer"):
         if getattr(options, name) is not None:
@@ -381,74 +409,6 @@ def peak_flops(options) -> tuple[float, str]:
     return flops, f"the fastest fp32 2048³ GEMM here, {flops / 1e9:.1f} GFLOP/s"
 
 
-def print_tables(results: dict[str, Measured], flops: tuple[int, int], peak: tuple[float, str],
-                 framework: str) -> dict:
-    plain = results.get("plain")
-    rates = {name: r.tokens_per_step / r.step_seconds for name, r in results.items()}
-    print(f"MFU over {peak[1]}; FLOPs/token {flops[0]:,} (megatron/model/flops.py, no recomputation; HFU counts "
-          f"the recomputed forward too, {flops[1]:,})")
-    header = (f"{'variant':<24} {'params':>9} {'ms/step':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'HFU':>6} "
-              f"{'peak GiB':>9} {'reserved':>9} {'retries':>8} {'/ plain':>8}")
-    print(header)
-    print("-" * len(header))
-    summary = {}
-    for name, r in results.items():
-        gib = lambda value: "-" if value is None else f"{value / 2**30:.1f}"  # noqa: E731
-        ratio = rates[name] / rates["plain"] if plain else None
-        hardware = flops[1] if name.endswith("+recompute") else flops[0]
-        summary[name] = {"tokens_per_sec": rates[name], "tflops": rates[name] * flops[0] / 1e12,
-                         "mfu": rates[name] * flops[0] / peak[0], "hfu": rates[name] * hardware / peak[0],
-                         "ratio_to_plain": ratio, **asdict(r)}
-        print(f"{name:<24} {r.parameters / 1e6:>8.1f}M {r.step_seconds * 1e3:>9.1f} {rates[name]:>10,.0f} "
-              f"{rates[name] * flops[0] / 1e12:>8.3g} {summary[name]['mfu']:>6.1%} {summary[name]['hfu']:>6.1%} "
-              f"{gib(r.peak_memory_bytes):>9} {gib(r.peak_reserved_bytes):>9} "
-              f"{'-' if r.allocator_retries is None else r.allocator_retries:>8} "
-              f"{'-' if ratio is None else format(ratio, '.3f'):>8}")
-    profiled = {name: r for name, r in results.items() if r.breakdown}
-    if profiled:
-        print("\nper step, by phase (megatron/training/phases.py): host ms / device ms / operators / host syncs")
-        phases = list(dict.fromkeys(p for r in profiled.values() for p in r.breakdown))
-        print(f"{'phase':<28}" + "".join(f"{name:>30}" for name in profiled))
-        for phase_name in phases:
-            cells = []
-            for r in profiled.values():
-                c = r.breakdown.get(phase_name)
-                cells.append("-" if c is None else
-                             f"{c['host_ms']:.1f} / {c['device_ms']:.1f} / {c['ops']:.0f} / {c['syncs']:.0f}")
-            print(f"{phase_name.removeprefix('phase: '):<28}" + "".join(f"{cell:>30}" for cell in cells))
-        totals = []
-        for r in profiled.values():
-            device = sum(c["device_ms"] for c in r.breakdown.values())
-            idle = f", device idle {max(0.0, r.step_seconds * 1e3 - device):.1f}" if device else ""
-            totals.append(f"syncs {sum(c['syncs'] for c in r.breakdown.values()):.0f}{idle}")
-        print(f"{'total':<28}" + "".join(f"{t:>30}" for t in totals))
-        print_top_operators(profiled, on_device=torch_cuda())
-    if plain and framework in rates:
-        print(f"ratio: framework ({framework}, configs/1-5B.yml's pipe_parallel_size) tokens/s / plain loop "
-              f"tokens/s = {rates[framework] / rates['plain']:.3f}")
-    return summary
-
-
-def torch_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def print_top_operators(profiled: dict[str, Measured], on_device: bool, count: int = 4) -> None:
-    """Each variant's costliest operators in the phases where the framework adds work to the plain loop."""
-    unit = "device" if on_device else "host"
-    print(f"\ncostliest operators per step ({unit} ms, calls), in the phases the plain loop keeps small")
-    for name, r in profiled.items():
-        for phase_name in (LOSS, GRADIENT_REDUCTION, OPTIMIZER, LOSS_READOUT, BOOKKEEPING, DATA):
-            operators = r.breakdown.get(phase_name, {}).get("operators", {})
-            top = sorted(operators.items(), key=lambda item: -item[1][2 if on_device else 1])[:count]
-            if top:
-                listed = ", ".join(f"{op} {values[2 if on_device else 1]:.2f} ({values[0]:.0f})"
-                                   for op, values in top)
-                print(f"  {name:<24} {phase_name.removeprefix('phase: '):<31} {listed}")
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default=None,
@@ -463,11 +423,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--micro-batch", type=int, default=None,
                         help="default: the size's (full: 8, or on a GPU the most the memory model fits)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=None,
-                        help=f"default: {' '.join(DEFAULT_VARIANTS)} (plain+masters only in bf16)")
+                        help=f"default: {' '.join(DEFAULT_VARIANTS)}; run in this order")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
     parser.add_argument("--profile-steps", type=int, default=2, help="profiled steps (0: no breakdown)")
-    parser.add_argument("--rounds", type=int, default=1, help="runs of each variant; the fastest counts")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each variant; the median counts")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds after which no further variant starts (those left are not measured)")
     parser.add_argument("--json", default=None, help="write the figures here")
     # Set by the parent for each variant's process.
     parser.add_argument("--child", choices=[*VARIANTS, "info"], help=argparse.SUPPRESS)
@@ -504,8 +466,8 @@ def main(argv: list[str] | None = None) -> None:
     gpu = torch.cuda.is_available()
     options.size = options.size or ("full" if gpu else "cpu")
     options.precision = options.precision or ("bf16" if gpu else "fp32")
-    variants = options.variants or [v for v in DEFAULT_VARIANTS
-                                    if v != "plain+masters" or options.precision == "bf16"]
+    variants = options.variants or list(DEFAULT_VARIANTS)
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="framework_step_") as folder:
         work = Path(folder)
         data, tokenizer = write_training_data(work / "data", SIZES[options.size]["vocab"], documents=200)
@@ -513,22 +475,24 @@ def main(argv: list[str] | None = None) -> None:
         options.work = str(work)
         facts = child_run(options, "info", work)
         options.micro_batch = facts["micro_batch"]
-        best: dict[str, Measured] = {}
-        for _ in range(options.rounds):
+        rounds: dict[str, list[Measured]] = {}
+        for round_index in range(options.rounds):
             for variant in variants:
-                measured = Measured(**child_run(options, variant, work))
-                if variant not in best or measured.step_seconds < best[variant].step_seconds:
-                    best[variant] = measured
+                if options.budget is not None and time.perf_counter() - start > options.budget:
+                    break
+                rounds.setdefault(variant, []).append(Measured(**child_run(options, variant, work, round_index)))
+    results = {variant: median_round(measured) for variant, measured in rounds.items()}
+    left_out = [v for v in variants if v not in results]
     flops, peak = tuple(facts["flops"]), tuple(facts["peak"])
     depth = "" if options.layers is None else f", {options.layers} layers"
     print(f"{'GPU' if gpu else 'CPU'}, {options.size} size{depth}, {options.precision}, {facts['why']}; "
-          f"{options.warmup} warm-up + {options.steps} timed steps per variant, fastest of {options.rounds}")
-    framework = "framework-pp1" if "framework-pp1" in best else "framework-pp0"
-    summary = print_tables(best, flops, peak, framework)
+          f"{options.warmup} warm-up + {options.steps} timed steps per variant, median of {options.rounds}"
+          + (f"; not measured within the {options.budget:g} s budget: {' '.join(left_out)}" if left_out else ""))
+    tables = print_tables(results, flops, peak, on_device=gpu)
     if options.json:
         Path(options.json).write_text(json.dumps({"size": options.size, "layers": options.layers,
                                                   "micro_batch": options.micro_batch, "precision": options.precision,
-                                                  "peak": peak[1], "variants": summary}, indent=1))
+                                                  "peak": peak[1], "not_measured": left_out, **tables}, indent=1))
 
 
 if __name__ == "__main__":

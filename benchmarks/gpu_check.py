@@ -11,11 +11,13 @@ stopping the rest, each in the report:
     environment  device, memory, driver, Python, torch, CUDA, Triton and DeepSpeed versions, and the two
                  ceilings measured: a bf16 8192³ GEMM's TFLOP/s and a device-to-device copy's GB/s (in a process
                  of its own, so that no later step shares the card with its buffers)
-    framework    benchmarks.framework_step at configs/1-5B.yml's own depth, fused, bf16, micro-batch 8 where the
-                 memory model fits it on the card: the plain PyTorch loop, the Trainer exactly as deepy.py builds
-                 it (DeepSpeed, ZeRO-1, pipe_parallel_size 1, no recompute: the MFU users get, which the MFU target
-                 reads) and the same with the config's checkpoint_activations (MFU and HFU), with the breakdown
-                 of each step by phase; the ratio target reads deepy.py's step over the plain loop
+    framework    the one-GPU sweep that sets the engine's defaults (issue 47): benchmarks.framework_step at
+                 configs/1-5B.yml's own depth, fused, bf16, micro-batch 8 where the memory model fits it on the
+                 card, one process each, in this order until its time budget is spent: deepy.py's step (the lean
+                 step, eager layers: the MFU target), plain+masters (the same recipe in a plain loop: the ratio
+                 target's denominator), each layer compiled, DeepSpeed's step (lean_step false), the plain loop
+                 (reported beside), the config's checkpoint_activations (MFU and HFU); the breakdown of each step
+                 by phase and the decision table of the levers
     kernels      benchmarks.gpu_pattention --no-steps --profile --tiles-sweep --blocks-sweep: fused and flash
                  forward+backward against the six GEMMs at the paper configs' shapes, 16k tokens, with flash's peak
                  memory over fused's, the kernels each launches a call, flash's Triton kernels (l2 Θ) at 1-5B
@@ -24,10 +26,12 @@ stopping the rest, each in the report:
     training     python deepy.py train.py configs/1-5B.yml at 4 layers (full width and vocabulary), one GPU,
                  NCCL, DeepSpeed ZeRO-1, bf16, micro-batch 8 of 2048 tokens, on data and a 50,277-token
                  tokenizer made here: flash and fused for 30 iterations each, whose tokens/s, TFLOP/s per GPU, MFU
-                 and peak memory come from the runs' metrics.jsonl (medians after 5 warm-up iterations); then
-                 fused with `deterministic: true` for 30, stopped after 20 (saved), resumed to 30: the stopped
-                 run's 20 losses must equal the first run's bitwise (the run is deterministic) and the resumed
-                 run's 10 its last 10 (resume is exact); flash's tokens/s over fused's is a target
+                 and peak memory come from the runs' metrics.jsonl (medians after 5 warm-up iterations);
+                 flash's tokens/s over fused's is a target. With --cpu-plumbing also fused with `deterministic:
+                 true`, uninterrupted, stopped and resumed: the stopped run's losses must equal the first run's
+                 bitwise (the run is deterministic) and the resumed run's its last ones (resume is exact); on the
+                 H100 both held (gpu_reports/2026-11-27-h100-gpu_check.md), so a GPU run spends that time on the
+                 framework sweep
     gpu-tests    pytest -m gpu: compiled Triton flash against plain, the model on CUDA against the CPU
     max-batch    benchmarks.max_micro_batch: the largest micro-batch of the full 1-5B config at sequence 2048,
                  fused and flash, against the memory model's prediction
@@ -66,11 +70,14 @@ REPO = Path(__file__).resolve().parents[1]
 REDUCED_DEPTH = 4  # layers of the training step's runs (full width and vocabulary)
 UNAVAILABLE_EXIT = 2
 WARMUP_ITERATIONS = 5
-FRAMEWORK_VARIANTS = ("plain", "framework-pp1", "framework-pp1+recompute")
+# the framework step's variants in the order its budget runs them (benchmarks/framework_step.py)
+FRAMEWORK_VARIANTS = ("framework", "plain+masters", "framework+compile", "framework-deepspeed", "plain",
+                      "framework+recompute")
+FRAMEWORK_BUDGET_S = 200
 KIT_PYTHON = (3, 12)  # the GPU machine's, for which benchmarks/gpu_kit.py fetches the compiled wheels
 TARGETS = {  # issues 39 and 40's targets, checked in the report
-    "framework / plain loop tokens/s": (">=", 0.95),
-    "training MFU (fused, full 1-5B)": (">=", 0.45),
+    "framework / plain+masters tokens/s": (">=", 0.97),
+    "training MFU (configs/1-5B.yml, full depth)": (">=", 0.45),
     "flash / six GEMMs at 1-5B shapes": ("<=", 1.6),
     "flash / fused training tokens/s (4 layers)": (">=", 0.85),
     "flash / fused peak memory at n >= 4d": ("<=", 0.35),
@@ -289,17 +296,18 @@ def run_summary(records: list[dict]) -> dict:
 
 
 def step_training(check: Check, result: StepResult) -> None:
-    """Throughput of flash and fused as users run them; then, with deterministic kernels (on a GPU the atomics of
-    the embedding's and attention's backward otherwise change the last bits from run to run), fused uninterrupted,
-    stopped and resumed, to compare bitwise."""
+    """Throughput of flash and fused as users run them; then, with --cpu-plumbing, with deterministic kernels (on a
+    GPU the atomics of the embedding's and attention's backward otherwise change the last bits from run to run),
+    fused uninterrupted, stopped and resumed, to compare bitwise (on the H100 this held, 2026-11-27)."""
     iterations, stop = (8, 5) if check.cpu else (30, 20)
     data, tokenizer = write_training_data(check.work / "data")
     overlay = training_overlay(check, data, tokenizer, iterations)
     exact = ["pattention_impl=fused", "deterministic=true"]
-    runs = {"flash": ["pattention_impl=flash"], "fused": ["pattention_impl=fused"],
-            "deterministic": exact,
-            "deterministic stopped": [*exact, f"exit_interval={stop}", f"save={check.work / 'ckpt'}"],
-            "deterministic resumed": [*exact, f"load={check.work / 'ckpt'}"]}
+    runs = {"flash": ["pattention_impl=flash"], "fused": ["pattention_impl=fused"]}
+    if check.cpu:  # on the H100 both held bitwise (gpu_reports/2026-11-27-h100-gpu_check.md): time for the sweep
+        runs.update({"deterministic": exact,
+                     "deterministic stopped": [*exact, f"exit_interval={stop}", f"save={check.work / 'ckpt'}"],
+                     "deterministic resumed": [*exact, f"load={check.work / 'ckpt'}"]})
     summaries = {}
     for name, overrides in runs.items():
         log_dir = check.work / "logs" / name.replace(" ", "_")
@@ -312,10 +320,10 @@ def step_training(check: Check, result: StepResult) -> None:
                                        for k, v in summaries.items()}}
             return
         summaries[name] = run_summary(read_train_records(log_dir))
-    full, stopped, resumed = (summaries[k]["losses"] for k in ("deterministic", "deterministic stopped",
-                                                               "deterministic resumed"))
-    deterministic = all(stopped[i] == full[i] for i in range(1, stop + 1))
-    exact_resume = sorted(resumed) == list(range(stop + 1, iterations + 1)) and all(
+    full, stopped, resumed = (summaries.get(k, {}).get("losses") for k in (
+        "deterministic", "deterministic stopped", "deterministic resumed"))
+    deterministic = full is None or all(stopped[i] == full[i] for i in range(1, stop + 1))
+    exact_resume = full is None or sorted(resumed) == list(range(stop + 1, iterations + 1)) and all(
         resumed[i] == full[i] for i in resumed)
     flash, fused = summaries["flash"], summaries["fused"]
     fused_gap = max(abs(fused["losses"][i] - flash["losses"][i]) / abs(flash["losses"][i]) for i in flash["losses"])
@@ -326,34 +334,41 @@ def step_training(check: Check, result: StepResult) -> None:
     mfu = lambda s: "no MFU" if s["mfu"] is None else f"MFU {s['mfu']:.1%}"  # noqa: E731
     result.summary = (f"flash {flash['tokens_per_sec']:,.0f} tok/s {flash['tflops_per_device']:.3g} TFLOP/s "
                       f"{mfu(flash)} {flash['peak_memory_gib']:.1f} GiB; fused {fused['tokens_per_sec']:,.0f} tok/s "
-                      f"{fused['tflops_per_device']:.3g} TFLOP/s {mfu(fused)} {fused['peak_memory_gib']:.1f} GiB; "
-                      f"deterministic fused {summaries['deterministic']['tokens_per_sec']:,.0f} tok/s, stopped run = "
-                      f"full run bitwise: {deterministic}; resumed = full bitwise: {exact_resume}")
+                      f"{fused['tflops_per_device']:.3g} TFLOP/s {mfu(fused)} {fused['peak_memory_gib']:.1f} GiB"
+                      + ("" if full is None else
+                         f"; deterministic fused {summaries['deterministic']['tokens_per_sec']:,.0f} tok/s, stopped "
+                         f"run = full run bitwise: {deterministic}; resumed = full bitwise: {exact_resume}"))
     if not (deterministic and exact_resume):
         result.status = "failed"
 
 
 def step_framework(check: Check, result: StepResult) -> None:
-    """benchmarks.framework_step at configs/1-5B.yml's own depth (toy size with --cpu-plumbing), fused: the plain
-    loop, the Trainer as deepy.py builds it, and the same with the config's activation checkpointing, each in a
-    process of its own, at micro-batch 8 where the memory model fits it on the card (else the largest it fits)."""
+    """benchmarks.framework_step's sweep at configs/1-5B.yml's own depth (toy size with --cpu-plumbing), fused, each
+    variant in a process of its own while the budget lasts, at micro-batch 8 where the memory model fits it on the
+    card (else the largest it fits)."""
     ran = run_benchmark(check, result, "benchmarks.framework_step",
                         ["--size", "toy" if check.cpu else "full", "--pattention-impl", "fused",
-                         "--variants", *FRAMEWORK_VARIANTS, "--warmup", "2", "--steps", "5", "--profile-steps", "1"],
-                        300 if check.cpu else 240)
+                         "--variants", *FRAMEWORK_VARIANTS, "--warmup", "2", "--steps", "4", "--profile-steps", "1",
+                         "--budget", str(FRAMEWORK_BUDGET_S)], 600 if check.cpu else FRAMEWORK_BUDGET_S + 120)
     if ran is None:
         return
     data, output = ran
-    data["table"] = tail(output, 60)
+    data["table"] = tail(output, 70)
     variants = data["variants"]
-    plain, framework, recompute = (variants[name] for name in FRAMEWORK_VARIANTS)
-    data["framework_over_plain"] = framework["tokens_per_sec"] / plain["tokens_per_sec"]
     result.details = data
+    if "framework" not in variants:
+        result.status, result.summary = "failed", "deepy.py's step was not measured"
+        return
+    framework = variants["framework"]
+    peer = variants.get("plain+masters")
+    data["framework_over_plain_masters"] = None if peer is None else framework["ratio_to_plain+masters"]
     retries = "" if framework["allocator_retries"] is None else f", {framework['allocator_retries']} allocator retries"
+    versus = "" if peer is None else (f" = {data['framework_over_plain_masters']:.3f} x plain+masters' "
+                                      f"{peer['tokens_per_sec']:,.0f}")
+    decided = "; ".join(f"{row['lever']}: {row['winner']} ({row['on_over_off']:.3f})" for row in data["decisions"])
     result.summary = (f"micro-batch {data['micro_batch']}: deepy.py's step {framework['tokens_per_sec']:,.0f} tok/s "
-                      f"MFU {framework['mfu']:.1%}{retries} = {data['framework_over_plain']:.3f} x the plain loop's "
-                      f"{plain['tokens_per_sec']:,.0f}; with checkpoint_activations MFU {recompute['mfu']:.1%} HFU "
-                      f"{recompute['hfu']:.1%}")
+                      f"MFU {framework['mfu']:.1%}{retries}{versus}; levers (on/off) {decided or 'none measured'}"
+                      + (f"; not measured: {' '.join(data['not_measured'])}" if data["not_measured"] else ""))
 
 
 def step_max_batch(check: Check, result: StepResult) -> None:
@@ -412,8 +427,9 @@ def target_figures(results: dict[str, StepResult], wall: float) -> dict[str, flo
     runs = details("training").get("runs", {})
     flash_over_fused = (runs["flash"]["tokens_per_sec"] / runs["fused"]["tokens_per_sec"]
                         if {"flash", "fused"} <= set(runs) else None)
-    return {"framework / plain loop tokens/s": framework.get("framework_over_plain"),
-            "training MFU (fused, full 1-5B)": framework.get("variants", {}).get("framework-pp1", {}).get("mfu"),
+    deepy_step = framework.get("variants", {}).get("framework", {})
+    return {"framework / plain+masters tokens/s": framework.get("framework_over_plain_masters"),
+            "training MFU (configs/1-5B.yml, full depth)": deepy_step.get("mfu"),
             "flash / six GEMMs at 1-5B shapes": kernels.get("flash_over_gemms_1_5B"),
             "flash / fused training tokens/s (4 layers)": flash_over_fused,
             "flash / fused peak memory at n >= 4d": kernels.get("peak_flash_over_fused_n_ge_4d"),

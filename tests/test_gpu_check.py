@@ -82,8 +82,9 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
     assert framework["status"] == "ok", framework
     figures = framework["details"]
     assert figures["size"] == "toy" and list(figures["variants"]) == list(FRAMEWORK_VARIANTS)
-    assert figures["framework_over_plain"] > 0
-    assert report["targets"]["framework / plain loop tokens/s"]["figure"] == figures["framework_over_plain"]
+    assert figures["framework_over_plain_masters"] > 0
+    assert report["targets"]["framework / plain+masters tokens/s"]["figure"] == figures["framework_over_plain_masters"]
+    assert {row["lever"] for row in figures["decisions"]} == {"lean_step", "compile.enable"}
     assert report["targets"]["flash / fused training tokens/s (4 layers)"]["figure"] == (
         runs["flash"]["tokens_per_sec"] / runs["fused"]["tokens_per_sec"])
     assert set(report["targets"]) == set(TARGETS)

@@ -34,7 +34,6 @@ from megatron.formats.registry import read_state
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.training.data import batch_iterator
 from megatron.training.pretrain import Trainer
-from megatron.training.step import train_step
 from tests.conftest import REPO
 from tests.distributed import run_on_ranks
 from tests.test_growth_plan import official_reference
@@ -87,7 +86,7 @@ def stage(values: dict, steps: int = 0) -> dict:
     snapshot()
     for offset in range(steps):
         trainer.schedule.apply(trainer.optimizer, trainer.state.iteration + offset)
-        result["losses"].append(train_step(engine, batches)[0])
+        result["losses"].append(trainer.train_step(batches)[0])
         snapshot()
     trainer.metrics.close()
     return result

@@ -1,6 +1,7 @@
 """Non-finite steps in the real training loop (2 gloo ranks): an infinite gradient and a NaN loss are
 skipped on every rank without touching the weights or the optimizer state, under ZeRO stage 0 (our optimizer
-hook) and stage 1 (DeepSpeed's check); too many in a row stop the run, the last checkpoint intact."""
+hook) and stage 1 (DeepSpeed's check) at 2 data-parallel ranks, and in the lean step (2 tensor-parallel ranks,
+one data-parallel rank); too many in a row stop the run, the last checkpoint intact."""
 
 from __future__ import annotations
 
@@ -83,10 +84,15 @@ def run(tmp_path, demo_data, *overrides: str, nan_loss_at=(), inf_grad_at=()) ->
         "eval_interval=1000", f"log_dir={tmp_path}/logs", *overrides], set(nan_loss_at), set(inf_grad_at))
 
 
-@pytest.mark.parametrize("stage", [0, 1])
-def test_infinite_gradient_and_nan_loss_are_skipped_without_touching_any_state(stage, demo_data, tmp_path):
-    results = run(tmp_path, demo_data, "train_iters=5", "lr_decay_iters=5", f"zero_optimization={{stage: {stage}}}",
-                  inf_grad_at={2}, nan_loss_at={4})
+@pytest.mark.parametrize("layout", [
+    pytest.param(["zero_optimization={stage: 0}"], id="data-2-stage-0"),
+    pytest.param(["zero_optimization={stage: 1}"], id="data-2-stage-1"),
+    # one data-parallel rank: the lean step, which skips on the device (megatron/training/lean_step.py)
+    pytest.param(["zero_optimization={stage: 0}", "model_parallel_size=2"], id="lean-tensor-2-stage-0"),
+    pytest.param(["zero_optimization={stage: 1}", "model_parallel_size=2"], id="lean-tensor-2-stage-1"),
+])
+def test_infinite_gradient_and_nan_loss_are_skipped_without_touching_any_state(layout, demo_data, tmp_path):
+    results = run(tmp_path, demo_data, "train_iters=5", "lr_decay_iters=5", *layout, inf_grad_at={2}, nan_loss_at={4})
     for rank_result in results:
         changed = rank_result["changed"]
         assert rank_result["error"] is None and rank_result["skipped"] == 2

@@ -1,9 +1,9 @@
 """The real training loop (megatron.training.pretrain.Trainer: DeepSpeed's pipeline engine, ZeRO, clipping,
 evaluation, checkpoints) with pipeline parallelism, on gloo processes forked in-process.
 
-Against the single-stage run (plain model, one process, 4 micro-batches per step), over 20 iterations:
-PP=1 (the pipeline engine with one stage), PP=2, TP=2 × PP=2 and DP=2 × PP=2 track the training losses,
-gradient norms and validation losses within 1e-3 relative. ZeRO-1 at DP=2 × PP=2 holds half the optimizer
+Against the single-stage run (plain model, one process, 4 micro-batches per step: the lean step), over 20
+iterations: PP=1 (DeepSpeed's pipeline engine with one stage, lean_step off), PP=2, TP=2 × PP=2 and DP=2 × PP=2
+track the training losses, gradient norms and validation losses within 1e-3 relative. ZeRO-1 at DP=2 × PP=2 holds half the optimizer
 state per rank of PP=2. bf16 trains under PP=2. Activation checkpointing under TP=2 × PP=2 replays dropout
 exactly. PP=2 and TP=2 × PP=2 runs with dropout save per-layer checkpoints and resume bitwise.
 """
@@ -98,7 +98,8 @@ def data_2_pipe_2(demo_data, tmp_path_factory) -> Run:
 
 
 def test_pipeline_engine_with_one_stage_tracks_the_plain_model(single_stage, demo_data, tmp_path):
-    one_stage = run(1, tmp_path, demo_data, "pipe_parallel_size=1", ZERO_0, "gradient_accumulation_steps=4")
+    one_stage = run(1, tmp_path, demo_data, "pipe_parallel_size=1", ZERO_0, "gradient_accumulation_steps=4",
+                    "lean_step=false")  # one process would take the lean step (tests/test_lean_step.py)
     assert one_stage.ranks[0]["engine"] == "PipelineEngine"
     assert_tracks(one_stage, single_stage)
 

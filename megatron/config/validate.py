@@ -302,6 +302,24 @@ def _exit_signals_are_catchable(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _compile_section_is_known(v: Mapping[str, Any]) -> str | None:
+    section = v["compile"]
+    if section is None:
+        return None
+    unknown = sorted(set(section) - {"enable", "backend", "components"})
+    if unknown:
+        return f"compile: unknown key {unknown[0]!r}; the section takes enable, backend and components"
+    if not isinstance(section.get("enable", False), bool):
+        return f"compile.enable {section['enable']!r} must be true or false"
+    if not isinstance(section.get("backend", "inductor"), str):
+        return f"compile.backend {section['backend']!r} must be a torch.compile backend's name, e.g. inductor"
+    components = section.get("components", ["model"])
+    if not isinstance(components, list) or set(components) - {"model"}:
+        return (f"compile.components {components!r}: only [model] (each TokenFormer layer) is compiled here; the "
+                "loss is a hand-written vocabulary-parallel kernel")
+    return None
+
+
 # The data index, the sampler and the checkpoints count samples in 64-bit integers.
 MOST_SAMPLES = 2**63 - 1
 
@@ -330,6 +348,7 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _partition_method_is_known,
     _cluster_check_sections_are_known,
     _exit_signals_are_catchable,
+    _compile_section_is_known,
     _samples_can_be_counted,
 )
 

@@ -25,10 +25,14 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor | None = None)
 
     Writes into `out` (x's shape, any strides) when given. Not differentiable itself (out= writes).
     """
-    out = torch.empty_like(x) if out is None else out
     half = cos.shape[-1]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     first, second = x[..., :half], x[..., half:2 * half]
+    if torch.compiler.is_compiling():  # torch.compile traces no out= into strided views; it fuses this anyway
+        rotated = torch.cat([torch.addcmul(first * cos, second, sin, value=-1),
+                             torch.addcmul(second * cos, first, sin), x[..., 2 * half:]], dim=-1)
+        return rotated if out is None else out.copy_(rotated)
+    out = torch.empty_like(x) if out is None else out
     out_first, out_second = out[..., :half], out[..., half:2 * half]
     torch.mul(first, cos, out=out_first).addcmul_(second, sin, value=-1)
     torch.mul(second, cos, out=out_second).addcmul_(first, sin)

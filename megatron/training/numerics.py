@@ -9,8 +9,9 @@ untouched. A non-finite loss makes the gradients non-finite, so every layout
 skips such a step before the update.
 
 After each step the ranks all-reduce whether it was bad, so all of them count
-it. After `max_skipped_steps` bad steps in a row the run stops with an error;
-the checkpoints already written are untouched. fp16 runs leave the stop to
+it (the lean step's ranks read the same loss and norm, and agree without it).
+After `max_skipped_steps` bad steps in a row the run stops with an error; the
+checkpoints already written are untouched. fp16 runs leave the stop to
 DeepSpeed's loss scaler, which raises once the scale reaches its minimum.
 """
 
@@ -41,18 +42,25 @@ def skip_nonfinite_updates(optimizer: torch.optim.Optimizer) -> None:
 class NonFiniteSteps:
     """Counts bad steps and applies the max_skipped_steps rule."""
 
-    def __init__(self, engine, cfg) -> None:
+    def __init__(self, engine, cfg, agreed: bool = False) -> None:
+        """`agreed`: every rank reads the same loss and norm (one data-parallel rank and one pipeline stage: the
+        tensor-parallel ranks' are replicated), so each decides alone, without a collective."""
         self._engine = engine
         self._limit = None if cfg.precision == "fp16" else cfg.max_skipped_steps
+        self._agreed = agreed
         self.in_a_row = 0
         self.total = 0
 
     def check(self, iteration: int, loss: float, grad_norm: float | None) -> None:
-        """Collective, after the step of `iteration`; raises NonFiniteTrainingError when the limit is reached."""
+        """After the step of `iteration` (collective unless `agreed`); raises NonFiniteTrainingError when the
+        limit is reached."""
         finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
-        bad = torch.tensor(float(not (finite and self._engine.was_step_applied())), device=self._engine.device)
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        if not bad.item():
+        bad = not (finite and self._engine.was_step_applied())
+        if not self._agreed:
+            flag = torch.tensor(float(bad), device=self._engine.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            bad = bool(flag.item())
+        if not bad:
             self.in_a_row = 0
             return
         self.in_a_row += 1

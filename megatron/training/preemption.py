@@ -40,8 +40,11 @@ class ExitConditions:
         if self._previous_handlers or self._duration_minutes is not None:
             elapsed = time.monotonic() - self._started
             late = self._duration_minutes is not None and elapsed >= 60 * self._duration_minutes
-            flags = torch.tensor([self._received, int(late)], device=self._device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            flags = [self._received, int(late)]
+            if dist.get_world_size() > 1:  # alone, a process needs neither the collective nor the device
+                reduced = torch.tensor(flags, device=self._device)
+                dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+                flags = reduced.tolist()
             if flags[0]:
                 return f"{signal.Signals(int(flags[0])).name} received"
             if flags[1]:

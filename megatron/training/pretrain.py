@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import deepspeed
@@ -25,12 +26,14 @@ from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_maste
 from megatron.growth.norm_ramp import NormRampApplier, norm_ramp
 from megatron.growth.partial_init import grow_into
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
+from megatron.model.compile import compile_backend, compile_layers
 from megatron.model.pipeline import build_pipeline
 from megatron.runtime.collectives import is_output_rank
 from megatron.runtime.process_group import initialize_distributed
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.data import batch_iterator, build_datasets
 from megatron.training.gradient_clipping import clips_in_optimizer, install_gradient_clipping
+from megatron.training.lean_step import LeanStep, lean_step_problem
 from megatron.training.learning_rates import LRSchedule, resume_lr_change
 from megatron.training.metrics import MetricsWriter
 from megatron.training.numerics import NonFiniteSteps, skip_nonfinite_updates
@@ -71,10 +74,12 @@ def run_model_args(cfg) -> TokenFormerArgs:
     return dataclasses.replace(model_args, pattention_impl=impl)
 
 
-def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, deepspeed_extra: dict | None = None):
+def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, deepspeed_extra: dict | None = None,
+                           lean: bool = False):
     """Model, optimizer and the DeepSpeed engine; `frozen_tokens`: the leading parameter tokens of each
     Pattention kind kept out of training (growth/freezing.py); `deepspeed_extra`: sections added to DeepSpeed's
-    config (e.g. {"checkpoint": {"load_universal": True}})."""
+    config (e.g. {"checkpoint": {"load_universal": True}}); `lean`: the run takes the lean step (lean_step.py),
+    which clips itself."""
     model_args = run_model_args(cfg)
     # pipe_parallel_size 0: the plain model; 1 or more: DeepSpeed's pipeline engine, as in GPT-NeoX.
     pipelined = cfg.pipe_parallel_size >= 1
@@ -85,8 +90,11 @@ def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, dee
         model = TokenFormerModel(model_args)
     if frozen_tokens:
         freeze_old_param_tokens(model, frozen_tokens, cfg.precision)
+    backend = compile_backend(cfg.compile)
+    if backend is not None:
+        compile_layers(model, backend)
     optimizer = build_optimizer(model, cfg, get_accelerator().device_name())
-    if clips_in_optimizer(cfg):
+    if clips_in_optimizer(cfg) and not lean:
         install_gradient_clipping(optimizer, cfg.gradient_clipping)
         skip_nonfinite_updates(optimizer)
     # mpu: DeepSpeed all-reduces gradients over our data-parallel group, counts each tensor-parallel
@@ -113,12 +121,14 @@ class Trainer:
         # Collective; verifies every file of the chosen checkpoint, so it is done once.
         tag = resume_tag(cfg.load)
         self.growth = run_growth(cfg, tag)
-        self.engine, self.optimizer, self.model_args = setup_model_and_engine(cfg, self.growth.frozen)
+        deepspeed_step = lean_step_problem(cfg, mpu.get_data_parallel_world_size())
+        self.engine, self.optimizer, self.model_args = setup_model_and_engine(
+            cfg, self.growth.frozen, lean=deepspeed_step is None)
         self.schedule = LRSchedule.from_config(cfg)
         self.metrics = MetricsWriter(cfg, dist.get_rank())
         self.splits = build_datasets(cfg)
         self.state = RunState()
-        self.nonfinite_steps = NonFiniteSteps(self.engine, cfg)
+        self.nonfinite_steps = NonFiniteSteps(self.engine, cfg, agreed=deepspeed_step is None)
         self.exit_conditions = ExitConditions(cfg, self.engine.device)
         if tag is not None and holds_weights_only(Path(cfg.load) / tag):
             tag_dir = Path(cfg.load) / tag
@@ -144,6 +154,11 @@ class Trainer:
             norms = grow_into(self.engine, cfg, open_checkpoint(cfg.pretrain_partial_init))
             self.growth = self.growth.grown_here(norms)
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
+        # After loading: DeepSpeed's own load works on its step's state.
+        self.train_step = (partial(train_step, self.engine) if deepspeed_step
+                           else LeanStep(self.engine, cfg))
+        print_rank_0(f"training step: DeepSpeed's ({deepspeed_step})" if deepspeed_step else
+                     "training step: lean (megatron/training/lean_step.py)")
         ramp = norm_ramp(cfg, self.growth.record)
         self.norm_ramp = None if ramp is None else NormRampApplier(self.engine.module, ramp)
         self.utilization = Utilization(
@@ -197,7 +212,7 @@ class Trainer:
                 lr = self.schedule.apply(self.optimizer, state.iteration)
                 if self.norm_ramp is not None:
                     self.norm_ramp.apply(state.iteration)
-            loss, grad_norm = train_step(self.engine, batches)
+            loss, grad_norm = self.train_step(batches)
             with phase(BOOKKEEPING):
                 self.nonfinite_steps.check(state.iteration + 1, loss, grad_norm)
             state.iteration += 1

@@ -27,6 +27,7 @@ from torch import Tensor
 from megatron.model.args import FLASH_BACKENDS, PATTENTION_IMPLS
 from megatron.model.pattention.flash import flash_pattentions
 from megatron.model.pattention.fused import fused_pattentions
+from megatron.model.pattention import tiles_torch
 from megatron.model.pattention.plain import plain_pattentions
 from megatron.model.pattention.theta import Reduce, identity
 
@@ -56,11 +57,24 @@ def resolved_backend(backend: str, device: torch.device) -> str:
     return ("triton" if device.type == "cuda" else "pytorch") if backend == "auto" else backend
 
 
+# Modules imported so far, by name: a lookup here is a dict read that torch.compile traces (an import is a graph
+# break), so a compiled layer breaks only in the call that first imports Triton's modules; PyTorch's tiles are
+# imported with this module.
+_IMPORTED: dict[str, ModuleType] = {TILE_BACKENDS["pytorch"]: tiles_torch}
+
+
+def _imported(name: str) -> ModuleType:
+    module = _IMPORTED.get(name)
+    if module is None:
+        module = _IMPORTED[name] = importlib.import_module(name)
+    return module
+
+
 def tile_functions(backend: str, device: torch.device) -> ModuleType:
     """The tile backend module `backend` names for tensors on `device` (auto: Triton on CUDA)."""
     resolved = resolved_backend(backend, device)
     try:
-        return importlib.import_module(TILE_BACKENDS[resolved])
+        return _imported(TILE_BACKENDS[resolved])
     except ImportError as error:
         raise RuntimeError(f"flash_backend={backend!r} runs Triton kernels, and importing them failed ({error}): "
                            "install triton (pip install triton), or set flash_backend: pytorch") from error
@@ -81,7 +95,7 @@ def pattentions_function(impl: str, flash_backend: str = "auto") -> Callable[...
         backend = resolved_backend(flash_backend, x.device)
         tiles = tile_functions(flash_backend, x.device)  # a failed Triton import: one error, whatever the path
         if impl == "flash" and backend == "triton" and theta in FLASH_KERNEL_THETAS:
-            return importlib.import_module(FLASH_KERNELS).flash_kernel_pattentions(
+            return _imported(FLASH_KERNELS).flash_kernel_pattentions(
                 x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max)
         # fused without Triton runs its own PyTorch passes, not tiles_torch's
         return implementation(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max,

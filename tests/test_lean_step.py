@@ -1,0 +1,147 @@
+"""The lean training step (megatron/training/lean_step.py) against DeepSpeed's own step, on tests/tiny.yml with one
+process (one data-parallel rank, so the lean step is taken by default; `lean_step=false` forces DeepSpeed's):
+
+- where the clipping factor is 1 (gradient_clipping 0), the fp32 loss curve is DeepSpeed's bit for bit with the
+  plain engine and ZeRO-1, with the pipeline engine (pipe_parallel_size 1), with ZeRO stage 0, and in bf16; the
+  checkpoint files hold the same tensors and values, bit for bit;
+- with tiny.yml's clipping, the norm (multi-tensor, fp32) is DeepSpeed's (float64-accumulated) within fp32
+  rounding, and so are the losses;
+- a checkpoint either step wrote resumes on the other to the losses of the uninterrupted run (dropout on);
+- which runs take the lean step.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron.config import load_config
+from megatron.training.lean_step import lean_step_problem
+from megatron.training.pretrain import Trainer
+from tests.conftest import REPO, read_metrics
+from tests.distributed import run_on_ranks
+
+TINY = REPO / "tests" / "tiny.yml"
+ITERATIONS = 4
+NO_CLIPPING = "gradient_clipping=0"
+DEEPSPEED = "lean_step=false"
+
+
+def train(overrides: list[str]) -> str:
+    trainer = Trainer(load_config([TINY], overrides, world_size=1))
+    trainer.train()
+    trainer.metrics.close()
+    return type(trainer.train_step).__name__
+
+
+def run(run_dir: Path, demo_data: Path, *overrides: str, iterations: int = ITERATIONS) -> tuple[str, dict[int, dict]]:
+    """One process of `iterations` iterations of tiny.yml, saving at the last: (the step it took, the train
+    records of metrics.jsonl by iteration)."""
+    [step] = run_on_ranks(1, train, [
+        f"data_path={demo_data}/demo_text_document", f"vocab_file={demo_data}/tokenizer.json", "num_gpus=1",
+        f"train_iters={iterations}", f"lr_decay_iters={ITERATIONS}", "eval_interval=1000", "eval_iters=0",
+        f"log_dir={run_dir}/logs", f"save={run_dir}/checkpoints", *overrides])
+    return step, {r["iteration"]: r for r in read_metrics(run_dir / "logs") if r["split"] == "train"}
+
+
+def losses(records: dict[int, dict]) -> list[float]:
+    return [records[i]["lm_loss"] for i in sorted(records)]
+
+
+def relative_errors(got: dict[int, dict], expected: dict[int, dict], key: str) -> list[float]:
+    return [abs(got[i][key] - expected[i][key]) / abs(expected[i][key]) for i in sorted(expected)]
+
+
+def differences(a, b, path: str = "") -> list[str]:
+    """Where two loaded checkpoint files differ: a tensor's dtype, shape or any bit, a key, a value."""
+    if isinstance(a, torch.Tensor):
+        same = isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return [] if same else [path]
+    if isinstance(a, dict):
+        keys = [f"{path}/{key}: only in one" for key in a.keys() ^ b.keys()]
+        return keys + [d for key in a.keys() & b.keys() for d in differences(a[key], b[key], f"{path}/{key}")]
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} against {len(b)} entries"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    if hasattr(a, "__dict__") and not isinstance(a, type):  # DeepSpeed's loss scaler
+        return differences(vars(a), vars(b), path)
+    return [] if a == b else [f"{path}: {a!r} against {b!r}"]
+
+
+def assert_same_checkpoint_files(lean_dir: Path, deepspeed_dir: Path) -> None:
+    lean = sorted(p.name for p in lean_dir.glob("*.pt"))
+    assert lean == sorted(p.name for p in deepspeed_dir.glob("*.pt"))
+    for name in lean:
+        found = differences(torch.load(lean_dir / name, weights_only=False),
+                            torch.load(deepspeed_dir / name, weights_only=False))
+        assert not found, (name, found)
+
+
+@pytest.mark.parametrize("layout", [
+    pytest.param([], id="zero1"),
+    pytest.param(["pipe_parallel_size=1"], id="pipeline-engine-zero1"),
+    pytest.param(["zero_optimization={stage: 0}"], id="zero0"),
+    pytest.param(["bf16={enabled: true}"], id="bf16-zero1"),
+])
+@pytest.mark.slow
+def test_without_clipping_the_lean_step_is_deepspeeds_bit_for_bit_and_saves_the_same_files(layout, demo_data,
+                                                                                          tmp_path):
+    lean_step, lean = run(tmp_path / "lean", demo_data, NO_CLIPPING, *layout)
+    deepspeed_step, deepspeed = run(tmp_path / "deepspeed", demo_data, NO_CLIPPING, DEEPSPEED, *layout)
+    assert (lean_step, deepspeed_step) == ("LeanStep", "partial")
+    assert losses(lean) == losses(deepspeed)
+    assert max(relative_errors(lean, deepspeed, "grad_norm")) < 1e-6  # the norm is logged, not applied
+    step = f"checkpoints/global_step{ITERATIONS}"
+    assert_same_checkpoint_files(tmp_path / "lean" / step, tmp_path / "deepspeed" / step)
+
+
+@pytest.mark.slow
+def test_with_clipping_the_norm_and_losses_are_deepspeeds_within_fp32_rounding(demo_data, tmp_path):
+    _, lean = run(tmp_path / "lean", demo_data)
+    _, deepspeed = run(tmp_path / "deepspeed", demo_data, DEEPSPEED)
+    assert max(relative_errors(lean, deepspeed, "grad_norm")) < 1e-6
+    assert max(relative_errors(lean, deepspeed, "lm_loss")) < 1e-6
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_either_step_resumes_on_the_other_to_the_uninterrupted_losses(demo_data, tmp_path):
+    common = (NO_CLIPPING, "hidden_dropout=0.1", "attention_dropout=0.1", "extra_save_iters=[2]")
+    _, uninterrupted = run(tmp_path / "lean", demo_data, *common)
+    _, deepspeed = run(tmp_path / "deepspeed", demo_data, DEEPSPEED, *common)
+    assert losses(uninterrupted) == losses(deepspeed)
+    for writer, reader in (("lean", [DEEPSPEED]), ("deepspeed", [])):
+        saved = tmp_path / f"resumed_from_{writer}"
+        shutil.copytree(tmp_path / writer / "checkpoints" / "global_step2", saved / "global_step2")
+        (saved / "latest").write_text("global_step2")
+        _, resumed = run(tmp_path / f"{writer}_resumed", demo_data, *common, *reader, f"load={saved}")
+        assert sorted(resumed) == [3, 4]
+        assert [resumed[i]["lm_loss"] for i in (3, 4)] == [uninterrupted[i]["lm_loss"] for i in (3, 4)], writer
+
+
+def config(*overrides: str, world_size: int = 1):
+    return load_config([TINY], [f"num_gpus={world_size}", *overrides], world_size=world_size)
+
+
+def test_the_lean_step_is_taken_on_one_data_parallel_rank_and_stage_in_fp32_or_bf16():
+    assert lean_step_problem(config(), 1) is None
+    assert lean_step_problem(config("pipe_parallel_size=1", "bf16={enabled: true}"), 1) is None
+    assert lean_step_problem(config("zero_optimization={stage: 0}"), 1) is None
+    assert lean_step_problem(config("model_parallel_size=2", world_size=2), 1) is None
+    refused = {
+        "lean_step is false": config("lean_step=false"),
+        "2 data-parallel ranks": config(world_size=2),
+        "pipe_parallel_size 2": config("pipe_parallel_size=2", world_size=2),
+        "ZeRO stage 2": config("zero_optimization={stage: 2}"),
+        "ZeRO stage 0 in bfloat16": config("zero_optimization={stage: 0}", "bf16={enabled: true}"),
+        "zero_optimization.offload_optimizer": config("zero_optimization={stage: 1, offload_optimizer: "
+                                                      "{device: cpu}}"),
+    }
+    for reason, refused_config in refused.items():
+        data_parallel = refused_config.world_size // refused_config.model_parallel_size // max(
+            1, refused_config.pipe_parallel_size)
+        problem = lean_step_problem(refused_config, data_parallel)
+        assert problem is not None and reason in problem, (reason, problem)
