@@ -323,22 +323,6 @@ def test_a_bandwidth_floor_above_what_gloo_gives_fails_the_collectives_of_two_no
     assert report_sections(tmp_path / "logs")["environment"] == PASS
     assert len(findings.split("\n- **")) - 1 == 3 * 5  # three operations over the world, two nodes, two pairs
 
-@pytest.mark.slow
-def test_gpu_checks_step_runs_the_one_device_sections(tmp_path):
-    """benchmarks/gpu_check.py's cluster-check step, alone, with --cpu-plumbing: the launch, the report and the
-    step's parsing work before GPU time is spent on them."""
-    from benchmarks.gpu_check import ONE_DEVICE_SECTIONS, STEPS
-
-    others = [name for name in STEPS if name != "cluster-check"]
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-plumbing", "--skip", *others,
-                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_SECONDS, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    steps = {step["name"]: step for step in json.loads((tmp_path / "gpu_check.json").read_text())["steps"]}
-    step = steps["cluster-check"]
-    assert step["status"] == "ok" and step["details"]["sections"] == dict.fromkeys(ONE_DEVICE_SECTIONS, PASS), step
-    assert "| cluster-check | ok |" in (tmp_path / "gpu_check.md").read_text()
-
 
 def test_a_section_is_skipped_when_an_earlier_one_found_its_premise_false():
     from megatron.cluster_check.check import premise_failed

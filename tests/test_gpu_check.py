@@ -1,7 +1,8 @@
 """benchmarks/gpu_check.py, the one command for a borrowed GPU machine, run on this CPU so that its plumbing is known
 to work before GPU time is spent on it: without CUDA it refuses in one line (exit 2); with --cpu-plumbing every step
-runs at toy sizes, the GPU-only ones say "unavailable", the four deepy.py launches train, stop, resume bitwise, and
-the JSON and markdown reports are written with the step list and the targets; and the GPU tier's flash training
+runs at toy sizes, the GPU-only ones say "unavailable", deepy.py trains flash and fused, the framework sweep and
+cluster_check.py's one-device sections run, and the JSON and markdown reports are written with the step list and
+the targets; and the GPU tier's flash training
 check (tests/test_gpu.py) is built here to see that it sums over several of flash's kernel tiles."""
 
 import json
@@ -11,8 +12,10 @@ import sys
 import pytest
 import torch
 
-from benchmarks.gpu_check import FRAMEWORK_VARIANTS, STEPS, TARGETS, largest_config_rows, pytest_counts
+from benchmarks.gpu_check import (FRAMEWORK_VARIANTS, ONE_DEVICE_SECTIONS, STEPS, TARGETS, largest_config_rows,
+                                  pytest_counts)
 from benchmarks.max_micro_batch import largest_that_fits
+from megatron.cluster_check.report import PASS
 from tests.conftest import REPO
 
 
@@ -70,10 +73,8 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
     assert steps["kernels"]["status"] == steps["max-batch"]["status"] == "unavailable"
     training = steps["training"]
     assert training["status"] == "ok", training
-    assert training["details"]["deterministic"] and training["details"]["exact_resume"]
     runs = training["details"]["runs"]
-    assert set(runs) == {"flash", "fused", "deterministic", "deterministic stopped", "deterministic resumed"}
-    assert runs["deterministic resumed"]["iterations"] == 3 and runs["deterministic stopped"]["iterations"] == 5
+    assert set(runs) == {"flash", "fused"} and all(run["iterations"] == 8 for run in runs.values())
     for run in runs.values():
         assert run["tokens_per_sec"] > 0 and run["tflops_per_device"] > 0 and run["peak_memory_gib"] > 0.1
         assert run["mfu"] is None  # a CPU has no peak in the table
@@ -89,8 +90,12 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
         runs["flash"]["tokens_per_sec"] / runs["fused"]["tokens_per_sec"])
     assert set(report["targets"]) == set(TARGETS)
     assert report["targets"]["script wall time (s)"]["verdict"] == "met"
+    cluster_check = steps["cluster-check"]
+    assert cluster_check["status"] == "ok" and cluster_check["details"]["sections"] == dict.fromkeys(
+        ONE_DEVICE_SECTIONS, PASS), cluster_check
     markdown = (out / "gpu_check.md").read_text()
     assert "| training | ok |" in markdown and "| target | rule | figure | verdict |" in markdown
+    assert "| cluster-check | ok |" in markdown
     assert result.stdout.splitlines()[-1].startswith("target: script wall time (s) <= 480:")
 
 

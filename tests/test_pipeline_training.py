@@ -3,8 +3,8 @@ evaluation, checkpoints) with pipeline parallelism, on gloo processes forked in-
 
 Against the single-stage run (plain model, one process, 4 micro-batches per step: the lean step), over 20
 iterations: PP=1 (DeepSpeed's pipeline engine with one stage, lean_step off), PP=2, TP=2 × PP=2 and DP=2 × PP=2
-track the training losses, gradient norms and validation losses within 1e-3 relative. ZeRO-1 at DP=2 × PP=2 holds half the optimizer
-state per rank of PP=2. bf16 trains under PP=2. Activation checkpointing under TP=2 × PP=2 replays dropout
+track the training losses, gradient norms and validation losses within 1e-3 relative. ZeRO-1 at DP=2 × PP=2
+holds half the optimizer state per rank of PP=2. bf16 trains under PP=2. Activation checkpointing under TP=2 × PP=2 replays dropout
 exactly. PP=2 and TP=2 × PP=2 runs with dropout save per-layer checkpoints and resume bitwise.
 """
 
