@@ -34,6 +34,16 @@ def demo_data(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def built_gpu_kit(tmp_path_factory) -> Path:
+    """`python -m benchmarks.gpu_kit build` (from the package index), once per session: the kit's test and the GPU
+    check's plumbing read the same kit."""
+    kit = tmp_path_factory.mktemp("gpu_kit") / "kit"
+    subprocess.run([sys.executable, "-m", "benchmarks.gpu_kit", "build", "--out", str(kit)], cwd=REPO, check=True,
+                   capture_output=True, timeout=600)
+    return kit
+
+
 def run_deepy(*args: str, check: bool = True, timeout: float = 600,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python deepy.py ...` from the repository root, as a user runs it, on a free master_port unless one is

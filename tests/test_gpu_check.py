@@ -2,8 +2,14 @@
 to work before GPU time is spent on it: without CUDA it refuses in one line (exit 2); with --cpu-plumbing every step
 runs at toy sizes, the GPU-only ones say "unavailable", deepy.py trains flash and fused, the framework sweep and
 cluster_check.py's one-device sections run, and the JSON and markdown reports are written with the step list and
-the targets; and the GPU tier's flash training
-check (tests/test_gpu.py) is built here to see that it sums over several of flash's kernel tiles."""
+the targets; and the GPU tier's flash training check (tests/test_gpu.py) is built here to see that it sums over
+several of flash's kernel tiles.
+
+The framework sweep is benchmarks/framework_step.py at toy size, each variant in a process of its own: the plain
+loop, the plain loop with fp32 masters and clipping (the fair peer), and deepy.py's step with the lean step on and
+off train the same model on the same batches to the same losses (the lean step and DeepSpeed's within fp32
+rounding, the peer within the rounding of its own loss and norm kernels, the plain loop, which does not clip,
+close); its table, breakdown by phase, decision table, JSON and final ratio are checked here."""
 
 import json
 import subprocess
@@ -54,11 +60,48 @@ def test_the_largest_config_rows_are_the_1_5B_shapes():
 
 @pytest.mark.slow
 @pytest.mark.network
-def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
-    """The kit is built (package index) and installed into a temporary site folder; the rest as on a GPU."""
-    kit = tmp_path / "kit"
-    subprocess.run([sys.executable, "-m", "benchmarks.gpu_kit", "build", "--out", str(kit)], cwd=REPO, check=True,
-                   capture_output=True, timeout=600)
+def relative_gap(losses: list[float], reference: list[float]) -> float:
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
+
+
+def assert_one_model_trained_alike(sweep: dict, steps: int) -> None:
+    """framework_step's JSON: the variants train one model on the same batches to the same losses, each step split
+    by phase, the lean step without DeepSpeed's gradient buckets, and the lean_step lever decided."""
+    variants = sweep["variants"]
+    assert sweep["precision"] == "fp32" and sweep["micro_batch"] == 2 and sweep["not_measured"] == []
+    assert len({v["parameters"] for v in variants.values()}) == 1  # one model, trained every way
+    losses = {name: variants[name]["losses"] for name in ("plain", "plain+masters", "framework", "framework-deepspeed")}
+    assert all(len(series) == steps for series in losses.values())
+    first = [series[0] for series in losses.values()]
+    assert max(first) - min(first) < 1e-6 * first[0]  # the same weights see the same batch
+    assert len(set(losses["framework"])) == steps  # the model trains: every step's loss differs
+    assert relative_gap(losses["framework-deepspeed"], losses["framework"]) < 1e-6
+    assert relative_gap(losses["plain+masters"], losses["framework"]) < 1e-5
+    assert relative_gap(losses["plain"], losses["framework"]) < 1e-2
+    for name, figures in variants.items():
+        assert figures["tokens_per_sec"] > 0 and figures["tokens_per_step"] == 2 * 64
+        phases = figures["breakdown"]
+        for phase in ("phase: forward", "phase: loss", "phase: backward", "phase: optimizer", "phase: data"):
+            assert phases[phase]["ops"] > 0, (name, phase)
+    lean, deepspeed = variants["framework"]["breakdown"], variants["framework-deepspeed"]["breakdown"]
+    copies = "phase: gradient copies and reductions"
+    assert lean[copies]["ops"] < deepspeed[copies]["ops"] / 5  # no buckets
+    assert lean["phase: loss readout"]["ops"] > 0 and deepspeed["phase: loss readout"]["syncs"] >= 1
+    lean_step = next(row for row in sweep["decisions"] if row["lever"] == "lean_step")
+    assert (lean_step["on"], lean_step["off"]) == ("framework", "framework-deepspeed")
+    assert lean_step["winner"] in ("on", "off", "tie")
+    framework = variants["framework"]
+    assert framework["ratio_to_plain+masters"] == pytest.approx(
+        framework["tokens_per_sec"] / variants["plain+masters"]["tokens_per_sec"])
+    lines = sweep["table"].splitlines()
+    assert any(line.startswith("  lean_step ") for line in lines)
+    assert lines[-1] == ("ratio: framework (deepy.py's step) tokens/s / plain+masters tokens/s = "
+                         f"{framework['ratio_to_plain+masters']:.3f} (/ plain: {framework['ratio_to_plain']:.3f})")
+
+
+def test_cpu_plumbing_runs_every_step_and_writes_the_report(built_gpu_kit, tmp_path):
+    """The kit (built from the package index) is installed into a temporary site folder; the rest as on a GPU."""
+    kit = built_gpu_kit
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-plumbing", "--kit", str(kit),
                              "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
@@ -86,6 +129,7 @@ def test_cpu_plumbing_runs_every_step_and_writes_the_report(tmp_path):
     assert figures["framework_over_plain_masters"] > 0
     assert report["targets"]["framework / plain+masters tokens/s"]["figure"] == figures["framework_over_plain_masters"]
     assert {row["lever"] for row in figures["decisions"]} == {"lean_step", "compile.enable"}
+    assert_one_model_trained_alike(figures, steps=2 + 4 + 1)  # gpu_check's warm-up, timed and profiled steps
     assert report["targets"]["flash / fused training tokens/s (4 layers)"]["figure"] == (
         runs["flash"]["tokens_per_sec"] / runs["fused"]["tokens_per_sec"])
     assert set(report["targets"]) == set(TARGETS)
