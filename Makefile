@@ -9,7 +9,7 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo demo-data test test-fast test-product test-gpu docker-test docs bench bench-gpu gpu-kit scaling-study clean-demo
+.PHONY: install demo demo-data test test-fast test-gpu docker-test docs bench bench-gpu gpu-kit scaling-study clean-demo
 
 install: $(STAMP)
 
@@ -28,14 +28,9 @@ demo-data: $(DEMO_DATA)
 demo: $(DEMO_DATA)
 	$(PY) deepy.py train.py configs/demo.yml
 
-# Everything but the `gpu` and `product` tiers (markers: pyproject.toml).
+# Everything but the `gpu` tier (markers: pyproject.toml).
 test: $(STAMP)
-	$(PY) -m pytest tests -m "not gpu and not product" --durations=30
-
-# The product as a whole, minutes each: the Docker image built and run, the scaling study's quick check (.ci/run
-# runs these after make test).
-test-product: $(STAMP)
-	$(PY) -m pytest tests -m product --durations=5
+	$(PY) -m pytest tests -m "not gpu" --durations=30
 
 # Unit tests only: no multi-process runs, package index, system services or GPU (about 2 minutes).
 test-fast: $(STAMP)
@@ -46,7 +41,7 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest tests -m gpu
 
 # The Docker image built with podman (CPU variant, local Debian base) and run: tests/test_docker_image.py.
-# Installs podman, runc and debootstrap with apt-get when missing (as root); part of `make test-product` too.
+# Installs podman, runc and debootstrap with apt-get when missing (as root); part of `make test` too.
 docker-test: $(STAMP)
 	$(PY) -m pytest tests/test_docker_image.py
 

@@ -88,7 +88,6 @@ def test_image_builds_the_helpers_runs_as_a_user_and_leaves_local_state_out():
 
 
 @pytest.mark.network
-@pytest.mark.product
 def test_pip_resolves_the_image_requirements_with_the_base_images_cuda(tmp_path):
     report = tmp_path / "report.json"
     files = [arg for name in image_requirement_files() for arg in ("-r", str(REQUIREMENTS / name))]

@@ -24,7 +24,7 @@ from tests import docker_build, docker_image
 from tests.conftest import REPO
 from tests.test_docker import pins
 
-pytestmark = [pytest.mark.system, pytest.mark.slow, pytest.mark.product]
+pytestmark = [pytest.mark.system, pytest.mark.slow]
 
 IMAGE_UID = 1000
 

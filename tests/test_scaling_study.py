@@ -207,7 +207,6 @@ def test_the_knowledge_task_is_prepared_as_the_first_task_is(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.product
 def test_quick_runs_the_whole_study_and_writes_its_table_plot_and_curves(tmp_path):
     """`--quick` on the first task (the check `make scaling-study STUDY_ARGS=--quick` makes on both): every growth
     path of the ablation through the driver, the reference and the control, and the report."""
