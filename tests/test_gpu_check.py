@@ -58,8 +58,6 @@ def test_the_largest_config_rows_are_the_1_5B_shapes():
     assert largest_config_rows(rows) == rows[1:]
 
 
-@pytest.mark.slow
-@pytest.mark.network
 def relative_gap(losses: list[float], reference: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
 
@@ -99,6 +97,8 @@ def assert_one_model_trained_alike(sweep: dict, steps: int) -> None:
                          f"{framework['ratio_to_plain+masters']:.3f} (/ plain: {framework['ratio_to_plain']:.3f})")
 
 
+@pytest.mark.slow
+@pytest.mark.network
 def test_cpu_plumbing_runs_every_step_and_writes_the_report(built_gpu_kit, tmp_path):
     """The kit (built from the package index) is installed into a temporary site folder; the rest as on a GPU."""
     kit = built_gpu_kit
