@@ -67,7 +67,10 @@ def test_local_run_starts_num_gpus_processes():
     cfg = config()
     slots = process_slots(cfg, "cpu", 1)
     assert slots == {"localhost": [0, 1]}
-    assert launch_command(cfg, slots, "train.py", [])[-3:] == ["--num_gpus", "2", "train.py"]
+    assert launch_command(cfg, slots, "train.py", ["A"])[2:] == [
+        "-m", "megatron.launch.local_ranks", "--devices", "0,1", "--master_addr", "127.0.0.1", "--master_port",
+        "29500", "--visible_devices_variable", "CUDA_VISIBLE_DEVICES", "train.py", "A",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """A rank that raises (or is killed) ends the whole job within seconds, with its error shown and the rank that
-ended first named, under DeepSpeed's runner.
+ended first named, under deepy.py's starter of local ranks (megatron/launch/local_ranks.py).
 
 The other ranks are still working (tests/scripts/rank_check.py): only the
 launcher tearing the job down stops them. The job is launched from a hostfile
@@ -21,7 +21,7 @@ def test_failing_rank_ends_a_hostfile_launch_within_seconds(demo_data, tmp_path,
     hostfile.write_text("localhost slots=3\n")
     monkeypatch.setenv("FAIL_RANK", "1")
     result = run_rank_check(demo_data, f"hostfile={hostfile}", "include=localhost:0,2", check=False)
-    assert "--include localhost:0,2 --hostfile" in result.stdout
+    assert "-m megatron.launch.local_ranks --devices 0,2 " in result.stdout
     assert "note: num_gpus has no effect here: include/exclude choose the slots" in result.stdout
     assert_ranks_joined(result, world_size=2)
     assert result.stdout.count("deterministic kernels False, cuBLAS workspace None") == 2  # the default

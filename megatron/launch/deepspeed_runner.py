@@ -1,7 +1,9 @@
-"""launcher: pdsh (the default): DeepSpeed's runner starts the ranks, on this machine or through pdsh on each host.
+"""launcher: pdsh (the default): the ranks of this machine alone, or through pdsh on each host.
 
-deepy.py has already resolved the slots and checked ssh, so the runner gets
-the exact slot list (`--include`) instead of re-deriving it from num_nodes/num_gpus.
+When every slot is on this machine, deepy.py's own starter (local_ranks.py) starts the ranks, as DeepSpeed's
+runner and launcher.launch would, without their two Python processes importing torch and DeepSpeed first.
+Otherwise DeepSpeed's runner starts them through pdsh; deepy.py has already resolved the slots and checked ssh,
+so the runner gets the exact slot list (`--include`) instead of re-deriving it from num_nodes/num_gpus.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 from megatron.config import Config, ConfigError
 from megatron.launch.hosts import is_local_host
 from megatron.launch.ports import master_port
-from megatron.launch.resources import Slots, world_size
+from megatron.launch.resources import Slots
 
 
 def _remote_hosts(slots: Slots) -> list[str]:
@@ -28,21 +30,24 @@ def check(cfg: Config, slots: Slots) -> None:
         )
 
 
-def _selection(cfg, slots: Slots) -> list[str]:
-    """`--num_gpus N` when N local processes are all there is; otherwise the exact slots."""
-    if not cfg.hostfile and list(slots.values()) == [list(range(world_size(slots)))]:
-        return ["--num_gpus", str(world_size(slots))]
-    return ["--include", "@".join(f"{host}:{','.join(map(str, ids))}" for host, ids in slots.items())]
-
-
 def command(cfg: Config, slots: Slots, script: str, script_args: list[str]) -> list[str]:
+    remote = _remote_hosts(slots)
+    if len(slots) == 1 and not remote:
+        return _local_command(cfg, slots, script, script_args)
     runner = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--log_level", "warning"]
     runner += ["--master_port", str(master_port(cfg))]
-    runner += _selection(cfg, slots)
-    if cfg.hostfile:
-        remote = _remote_hosts(slots)
-        master = cfg.master_addr or (next(iter(slots)) if remote else "127.0.0.1")
-        runner += ["--hostfile", cfg.hostfile, "--launcher", "pdsh", "--no_ssh_check", "--master_addr", master]
-        if remote:
-            runner.append("--force_multi")
+    runner += ["--include", "@".join(f"{host}:{','.join(map(str, ids))}" for host, ids in slots.items())]
+    master = cfg.master_addr or (next(iter(slots)) if remote else "127.0.0.1")
+    runner += ["--hostfile", cfg.hostfile, "--launcher", "pdsh", "--no_ssh_check", "--master_addr", master]
+    if remote:
+        runner.append("--force_multi")
     return runner + [script, *script_args]
+
+
+def _local_command(cfg: Config, slots: Slots, script: str, script_args: list[str]) -> list[str]:
+    from deepspeed.accelerator import get_accelerator
+
+    [devices] = slots.values()
+    return [sys.executable, "-u", "-m", "megatron.launch.local_ranks", "--devices", ",".join(map(str, devices)),
+            "--master_addr", cfg.master_addr or "127.0.0.1", "--master_port", str(master_port(cfg)),
+            "--visible_devices_variable", get_accelerator().visible_devices_envs()[0], script, *script_args]

@@ -38,8 +38,10 @@ RUNNERS_GRACE_SECONDS = 5
 # DeepSpeed's per-node launcher, when a rank ends badly, kills the others and logs the first one it saw end:
 #   [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...] exits with
 #   return code = -9   (one line)
-FIRST_TO_END = re.compile(r"(?:^|\n)(?:(?P<host>[\w.-]+): )?[^\n]*sigkill_handler\][^\n]*--local_rank=(?P<rank>\d+)"
-                          r"[^\n]*exits with return code = (?P<code>-?\d+)")
+# On one machine, local_ranks.py logs it (FIRST_TO_END_LINE).
+FIRST_TO_END = re.compile(r"(?:^|\n)(?:(?:(?P<host>[\w.-]+): )?[^\n]*sigkill_handler\][^\n]*--local_rank=(?P<rank>\d+)"
+                          r"|local_ranks: local rank (?P<local>\d+) ended first with)"
+                          r"[^\n]*return code = (?P<code>-?\d+)")
 
 
 class FirstRankToEnd:
@@ -71,7 +73,7 @@ class FirstRankToEnd:
                 match = FIRST_TO_END.search(tail)
                 if match:
                     self.code = int(match["code"])
-                    self.found = describe_end(int(match["rank"]), self.code, match["host"])
+                    self.found = describe_end(int(match["rank"] or match["local"]), self.code, match["host"])
 
     def wait(self) -> str | None:
         for thread in self._threads:
