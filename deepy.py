@@ -13,8 +13,8 @@ key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.p
 passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
 stops (launch/supervise.py). DeepSpeed's compiled ops are kept with this Python environment
 (host/extension_cache.py). `launcher` picks how ranks
-start (docs/cluster.md): DeepSpeed's runner (pdsh, the default: `num_gpus`
-local processes, or the hosts of a hostfile), srun (slurm) or mpirun
+start (docs/cluster.md): pdsh, the default (`num_gpus` processes on this machine, started by
+launch/local_ranks.py, or DeepSpeed's runner on the hosts of a hostfile), srun (slurm) or mpirun
 (openmpi, mpich).
 """
 

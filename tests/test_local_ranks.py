@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
+import pytest
 
 from megatron.launch.local_ranks import FIRST_TO_END_LINE
 from megatron.launch.supervise import FIRST_TO_END
@@ -84,13 +84,17 @@ def test_a_rank_killed_by_a_signal_exits_the_starter_with_128_plus_n(tmp_path):
     assert FIRST_TO_END_LINE.format(rank=0, code=-signal.SIGKILL) in stdout
 
 
-def test_a_stop_to_the_starter_reaches_every_rank_which_ends_as_it_chooses(tmp_path):
-    """SIGTERM to the starter is passed on to each rank (not to what a rank started), which saves and exits 0."""
+@pytest.mark.parametrize(("sent", "received"), [(signal.SIGTERM, signal.SIGTERM), (signal.SIGINT, signal.SIGTERM),
+                                                (signal.SIGUSR1, signal.SIGUSR1)])
+def test_a_stop_to_the_starter_reaches_every_rank_which_ends_as_it_chooses(tmp_path, sent, received):
+    """A stop signal to the starter is passed on to each rank (SIGINT as SIGTERM), which saves and exits 0."""
     body = ("import os, signal, sys, time\n"
             "def saved(number, frame):\n"
-            "    open(os.path.join(os.environ['OUT'], os.environ['LOCAL_RANK'] + '.saved'), 'w').close()\n"
+            "    with open(os.path.join(os.environ['OUT'], os.environ['LOCAL_RANK'] + '.saved'), 'w') as out:\n"
+            "        out.write(str(number))\n"
             "    sys.exit(0)\n"
             "signal.signal(signal.SIGTERM, saved)\n"
+            "signal.signal(signal.SIGUSR1, saved)\n"
             "open(os.path.join(os.environ['OUT'], os.environ['LOCAL_RANK'] + '.ready'), 'w').close()\n"
             "time.sleep(300)\n")
     starter = start(tmp_path, body)
@@ -98,8 +102,6 @@ def test_a_stop_to_the_starter_reaches_every_rank_which_ends_as_it_chooses(tmp_p
     while not all((tmp_path / f"{rank}.ready").exists() for rank in (0, 1)):
         assert time.monotonic() < deadline and starter.poll() is None, starter.communicate()
         time.sleep(0.05)
-    ranks = psutil.Process(starter.pid).children()
-    starter.send_signal(signal.SIGTERM)
+    starter.send_signal(sent)
     assert starter.wait(timeout=60) == 0, starter.communicate()
-    assert all((tmp_path / f"{rank}.saved").exists() for rank in (0, 1))
-    assert not any(rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE for rank in ranks)
+    assert [(tmp_path / f"{rank}.saved").read_text() for rank in (0, 1)] == [str(int(received))] * 2

@@ -10,8 +10,9 @@ slots) and `--local_rank=N`, as launcher.launch gives them.
 
 A rank that ends with a non-zero status ends the job: this process says which rank ended first and how (the
 line supervise.py reads), ends the others (SIGTERM to each rank and what it started, SIGKILL after a grace
-period) and exits with that status (128+N for signal N). A stop signal to this process is passed on to the
-ranks as SIGTERM, which save a checkpoint and exit (training/preemption.py); it then exits as they do.
+period) and exits with that status (128+N for signal N). SIGTERM or SIGUSR1 to this process is passed on to
+each rank (SIGINT as SIGTERM), which saves a checkpoint and exits (training/preemption.py); it then exits as the
+ranks do.
 """
 
 from __future__ import annotations
@@ -92,11 +93,11 @@ def run(devices: list[int], master_addr: str, master_port: int, visible_devices_
         for rank in ranks:
             if rank.returncode is None:
                 try:
-                    rank.send_signal(signal.SIGTERM)
+                    rank.send_signal(signal.SIGTERM if number == signal.SIGINT else number)
                 except ProcessLookupError:
                     pass
 
-    for number in (signal.SIGTERM, signal.SIGINT):
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(number, pass_on)
     for local_rank in range(len(devices)):
         environment = dict(os.environ, **rank_environment(devices, local_rank, master_addr, master_port,

@@ -1,18 +1,17 @@
 """deepy.py's part once the ranks run: pass a stop signal on to them, wait, and end on a line a person reads.
 
 SIGTERM (a scheduler's stop, `kill`) or SIGINT (Ctrl-C) to deepy.py would end deepy.py alone, leaving the
-ranks to train on unattached (DeepSpeed's runner does not forward it on one machine, and its per-node
-launcher kills ranks after 30 s). So the launcher runs in a session of its own, and a signal to deepy.py is
-sent on as SIGTERM to every rank on this machine, which saves a checkpoint at the next iteration boundary
-and exits 0 (training/preemption.py); deepy.py then waits for the launcher to finish and exits with it.
-Ranks on other hosts get it from the launcher (SIGTERM to srun or mpirun is forwarded to their tasks). A
-SIGTERM to DeepSpeed's runner itself ends the runner only; deepy.py, the subreaper of its descendants, then
-finds the ranks orphaned, passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is
-seen by the ranks here (megatron/host/orphan_watch.py). When the job fails, the rank DeepSpeed's launcher saw end
-first, and how, is named as the cause (unless that is the cluster check's verdict that sections failed); when it
-fails because the stop reached ranks still starting (before they catch it), deepy.py says it stopped as asked and
-exits 128+N (130 for Ctrl-C). Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is
-ended as soon as they are.
+ranks to train on unattached. So the launcher (local_ranks.py on one machine; DeepSpeed's runner, srun or
+mpirun across hosts) runs in a session of its own, and a signal to deepy.py is sent on as SIGTERM to every rank
+on this machine, which saves a checkpoint at the next iteration boundary and exits 0 (training/preemption.py);
+deepy.py then waits for the launcher to finish and exits with it. Ranks on other hosts get it from the launcher
+(SIGTERM to srun or mpirun is forwarded to their tasks). A launcher killed on its own (SIGKILL, or SIGTERM to
+DeepSpeed's runner, which ends it alone) leaves its ranks to deepy.py, the subreaper of its descendants, which
+passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is seen by the ranks here
+(megatron/host/orphan_watch.py). When the job fails, the rank the launcher saw end first, and how, is named as
+the cause (unless that is the cluster check's verdict that sections failed); when it fails because the stop
+reached ranks still starting (before they catch it), deepy.py says it stopped as asked and exits 128+N (130 for
+Ctrl-C). Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ from megatron.host.orphan_watch import launcher_identity
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # How long a runner whose ranks ended may take to exit before what is left is ended.
 RUNNERS_GRACE_SECONDS = 5
-# DeepSpeed's per-node launcher, when a rank ends badly, kills the others and logs the first one it saw end:
+# The launcher, when a rank ends badly, ends the others and logs the first one it saw end. DeepSpeed's per-node
+# launcher (a pdsh run, each line prefixed with its host):
 #   [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...] exits with
 #   return code = -9   (one line)
 # On one machine, local_ranks.py logs it (FIRST_TO_END_LINE).
@@ -45,8 +45,8 @@ FIRST_TO_END = re.compile(r"(?:^|\n)(?:(?:(?P<host>[\w.-]+): )?[^\n]*sigkill_han
 
 
 class FirstRankToEnd:
-    """Passes the launcher's output (the ranks' too) on unchanged and remembers which rank DeepSpeed's launcher
-    saw end first, and how (it logs that to stdout): the cause, where the other ranks' errors (a gloo
+    """Passes the launcher's output (the ranks' too) on unchanged and remembers which rank the launcher saw end
+    first, and how (it logs that to stdout): the cause, where the other ranks' errors (a gloo
     "connection reset") follow from it."""
 
     def __init__(self, stdout, stderr) -> None:
@@ -88,8 +88,8 @@ def describe_end(local_rank: int, code: int, host: str | None = None) -> str:
 
 
 def runs_script(command_line: list[str], script: str) -> bool:
-    """Whether `command_line` (python [options] SCRIPT args) runs `script`; the runners between deepy.py and
-    the ranks run modules (`python -m deepspeed.launcher.launch ... train.py ...`) and do not."""
+    """Whether `command_line` (python [options] SCRIPT args) runs `script`; the launchers between deepy.py and
+    the ranks run modules (`python -m megatron.launch.local_ranks ... train.py ...`) and do not."""
     for argument in command_line[1:]:
         if argument == "-m":
             return False
@@ -111,8 +111,7 @@ def _local_ranks(launcher: psutil.Process, script: str) -> list[psutil.Process]:
 
 
 def _become_subreaper() -> None:
-    """Make ranks orphaned by a killed runner (SIGTERM to DeepSpeed's runner, not to deepy.py) deepy.py's
-    children, so that the stop still reaches them and deepy.py waits for them. Linux only; elsewhere nothing."""
+    """Make ranks orphaned by a killed launcher (not deepy.py) deepy.py's children, so that the stop still reaches them and deepy.py waits for them. Linux only; elsewhere nothing."""
     pr_set_child_subreaper = 36  # <linux/prctl.h>
     try:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
@@ -200,7 +199,7 @@ def run_launcher(command: list[str], script: str) -> int:
         _stop(orphans, f"the launcher was ended by {signal.Signals(-code).name}")
         gone, _ = psutil.wait_procs(orphans)
         code = next((p.returncode for p in gone if p.returncode), 0)
-    # Ranks left behind by a killed runner end on their own, and their runners with them; what outlives them
+    # Ranks left behind by a killed launcher end on their own, and their runners with them; what outlives them
     # (a compiler a rank started, now deepy.py's child) is ended at once.
     psutil.wait_procs(_local_ranks(this_process, script), timeout=60)
     psutil.wait_procs(this_process.children(), timeout=RUNNERS_GRACE_SECONDS)

@@ -1,6 +1,6 @@
 """Give torch.distributed its env:// variables on every rank, whichever launcher started it.
 
-DeepSpeed's runner and torchrun set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
+deepy.py's local starter, DeepSpeed's launcher and torchrun set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
 and MASTER_PORT themselves. srun and mpirun do not: under `launcher: slurm`
 they come from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and the first node of
 SLURM_STEP_NODELIST (where task 0 runs); under `launcher: openmpi|mpich` from
