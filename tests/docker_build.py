@@ -1,11 +1,12 @@
-"""The CPU image's build for tests/test_docker_image.py, in a process of its own.
+"""The CPU image's build for tests/test_docker_image.py, and the unit tier run in it, in a process of its own.
 
 The build mostly waits on the network and the disk (Debian's archive, PyPI, unpacking), so when the session will
 run the image test, tests/conftest.py starts it as the session begins and the rest of the suite runs meanwhile;
 the test then waits for it (or, run alone, starts it itself). The process installs podman, runc and debootstrap
-if missing, makes the Debian base image if missing (kept between runs), and builds the project's image from the
-unchanged Dockerfile; its last line on stdout is a JSON record: the image's tag, or the step that failed with
-its command and the end of its output.
+if missing, makes the Debian base image if missing (kept between runs), builds the project's image from the
+unchanged Dockerfile, and runs the unit tier in it at the lowest CPU priority (nice 19: it takes the cores the
+suite leaves idle, and the suite's runs keep theirs). Its last line on stdout is a JSON record: the image's tag
+and the unit tier's exit status and output, or the step that failed with its command and the end of its output.
 
     python -m tests.docker_build WORK_DIR TAG
 """
@@ -30,6 +31,7 @@ from tests import docker_image
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 BUILD_SECONDS = 2400
+UNIT_TIER_SECONDS = 1800
 
 
 class BuildFailed(Exception):
@@ -86,6 +88,22 @@ def build(work_dir: Path, tag: str) -> None:
           cwd=REPO)
 
 
+def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
+    """The unit tier in the image, as docs/cluster.md shows it (its own empty data and checkpoints folders
+    mounted), at the lowest CPU priority: {"code": its exit status, "output": the end of its output}."""
+    folders = [work_dir / "unit-tier-data", work_dir / "unit-tier-checkpoints"]
+    for folder in folders:
+        folder.mkdir()
+        os.chown(folder, docker_image.IMAGE_UID, docker_image.IMAGE_UID)
+    command = docker_image.run(tag, *map(str, folders), *docker_image.STEPS[docker_image.UNIT_TIER_STEP])
+    try:
+        result = subprocess.run(["nice", "-n", "19", *command], env=podman_env(work_dir), capture_output=True,
+                                text=True, timeout=UNIT_TIER_SECONDS)
+    except subprocess.TimeoutExpired:
+        return {"code": None, "output": f"did not finish in {UNIT_TIER_SECONDS} s: {docker_image.shell(command)}"}
+    return {"code": result.returncode, "output": (result.stdout + result.stderr)[-6000:]}
+
+
 @dataclass
 class BackgroundBuild:
     """A build running in its own process (and process group); `result()` waits for it."""
@@ -104,8 +122,9 @@ class BackgroundBuild:
         log.close()
         return cls(work_dir, tag, process)
 
-    def result(self) -> str:
-        """The image's tag once built; BuildFailed otherwise."""
+    def result(self) -> dict[str, object]:
+        """Once built and its unit tier run: {"tag": the image's tag, "unit_tier": unit_tier()'s record};
+        BuildFailed otherwise."""
         try:
             out, _ = self.process.communicate(timeout=BUILD_SECONDS + 600)
         except subprocess.TimeoutExpired:
@@ -117,7 +136,7 @@ class BackgroundBuild:
                      f"{(self.work_dir / 'build.log').read_text()[-6000:]}"}
         if "error" in record:
             raise BuildFailed(record["error"])
-        return record["tag"]
+        return record
 
     def stop(self) -> None:
         """End the build if it still runs, and remove its image if it was made (the base stays)."""
@@ -160,7 +179,7 @@ def main(argv: list[str]) -> int:
     except BuildFailed as failure:
         print(json.dumps({"error": str(failure)}))
         return 1
-    print(json.dumps({"tag": tag}))
+    print(json.dumps({"tag": tag, "unit_tier": unit_tier(work_dir, tag)}))
     return 0
 
 

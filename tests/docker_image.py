@@ -52,8 +52,10 @@ def run(image: str, data: str, checkpoints: str, *argv: str) -> list[str]:
 
 TRAIN = ("python", "deepy.py", "train.py", "configs/demo.yml", "save=checkpoints/demo", "load=checkpoints/demo",
          "log_dir=checkpoints/demo/logs", "checkpoint_factor=10", "eval_interval=10", "eval_iters=2", "log_interval=5")
+IMAGE_UID = 1000  # the Dockerfile's user
+UNIT_TIER_STEP = "unit tests"
 STEPS = {
-    "unit tests": ("python", "-m", "pytest", "tests", "-m", UNIT_TIER, "-p", "no:cacheprovider"),
+    UNIT_TIER_STEP: ("python", "-m", "pytest", "tests", "-m", UNIT_TIER, "-p", "no:cacheprovider"),
     "prepare data": ("python", "data_prep/demo_corpus.py", "--out", "data/demo"),
     "train": (*TRAIN, "train_iters=20"),
     "resume": (*TRAIN, "train_iters=30"),

@@ -6,8 +6,9 @@ requirement set, and in the container, offline, with data/ and a checkpoints fol
 the unit tier runs, the demo corpus is built, the demo config trains 20 iterations on 2 processes and
 resumes to 30. On the host, the checkpoints written inside are owned by the image's user and readable,
 load with the framework and export with tools/convert_to_hf.py. Each failure names its step; the image
-is removed afterwards (the base stays). The build runs in a process of its own (tests/docker_build.py), started
-with the session when it runs this test, which runs last. `make docker-test` runs this file alone.
+is removed afterwards (the base stays). The build, and the unit tier in the image, run in a process of its own
+(tests/docker_build.py), started with the session when it runs this test, which runs last. `make docker-test`
+runs this file alone.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.test_docker import pins
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
-IMAGE_UID = 1000
+IMAGE_UID = docker_image.IMAGE_UID
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +51,9 @@ def step(name: str, command: list[str], env: dict[str, str], timeout: float = 90
 
 
 @pytest.fixture(scope="module")
-def image(podman, tmp_path_factory) -> str:
-    """The project's CPU image (tests/docker_build.py: started with the session, or here when run alone); removed
-    afterwards."""
+def built(podman, tmp_path_factory) -> dict:
+    """The project's CPU image and its unit tier's record (tests/docker_build.py: started with the session, or here
+    when run alone); the image is removed afterwards."""
     build = docker_build.take_session_build() or docker_build.BackgroundBuild.start(tmp_path_factory.mktemp("image"))
     try:
         yield build.result()
@@ -62,7 +63,11 @@ def image(podman, tmp_path_factory) -> str:
         build.stop()
 
 
-def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(image, podman, tmp_path):
+def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(built, podman, tmp_path):
+    image, unit_tier = built["tag"], built["unit_tier"]
+    command = docker_image.shell(docker_image.STEPS[docker_image.UNIT_TIER_STEP])
+    assert unit_tier["code"] == 0, f"step 'unit tests' exited {unit_tier['code']}: {command}\n{unit_tier['output']}"
+    assert re.search(r"\d+ passed", unit_tier["output"]) and " failed" not in unit_tier["output"], unit_tier["output"]
     installed = step("pip freeze", ["podman", "run", "--rm", image, "pip", "freeze"], podman)
     frozen = dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)$", installed, re.MULTILINE))
     frozen = {re.sub(r"[-_.]+", "-", name).lower(): version.split("+")[0] for name, version in frozen.items()}
@@ -77,8 +82,7 @@ def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(ima
         folder.mkdir()
         os.chown(folder, IMAGE_UID, IMAGE_UID)
     outputs = {name: step(name, docker_image.run(image, str(data), str(checkpoints), *argv), podman)
-               for name, argv in docker_image.STEPS.items()}
-    assert re.search(r"\d+ passed", outputs["unit tests"]) and " failed" not in outputs["unit tests"]
+               for name, argv in docker_image.STEPS.items() if name != docker_image.UNIT_TIER_STEP}
     assert "resumed from checkpoints/demo at iteration 20" in outputs["resume"], outputs["resume"][-3000:]
 
     run_dir = checkpoints / "demo"

@@ -111,7 +111,8 @@ def _local_ranks(launcher: psutil.Process, script: str) -> list[psutil.Process]:
 
 
 def _become_subreaper() -> None:
-    """Make ranks orphaned by a killed launcher (not deepy.py) deepy.py's children, so that the stop still reaches them and deepy.py waits for them. Linux only; elsewhere nothing."""
+    """Make ranks orphaned by a killed launcher (not deepy.py) deepy.py's children, so that the stop still
+    reaches them and deepy.py waits for them. Linux only; elsewhere nothing."""
     pr_set_child_subreaper = 36  # <linux/prctl.h>
     try:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
