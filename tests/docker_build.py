@@ -4,9 +4,11 @@ The build mostly waits on the network and the disk (Debian's archive, PyPI, unpa
 run the image test, tests/conftest.py starts it as the session begins and the rest of the suite runs meanwhile;
 the test then waits for it (or, run alone, starts it itself). The process installs podman, runc and debootstrap
 if missing, makes the Debian base image if missing (kept between runs), builds the project's image from the
-unchanged Dockerfile, and runs the unit tier in it at the lowest CPU priority (nice 19: it takes the cores the
-suite leaves idle, and the suite's runs keep theirs). Its last line on stdout is a JSON record: the image's tag
-and the unit tier's exit status and output, or the step that failed with its command and the end of its output.
+unchanged Dockerfile, and runs the unit tier in it at idle CPU priority: in a cgroup marked idle (cpu.idle, or
+the lowest weight), it takes only the cores the suite leaves idle, and the suite's runs keep theirs (a nice
+value alone would not do: the container runs in a cgroup, or an autogroup, of its own). Its last line on stdout
+is a JSON record: the image's tag and the unit tier's exit status and output, or the step that failed with its
+command and the end of its output.
 
     python -m tests.docker_build WORK_DIR TAG
 """
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,19 +91,67 @@ def build(work_dir: Path, tag: str) -> None:
           cwd=REPO)
 
 
+def _idle_cgroup(name: str) -> bool:
+    """Make cgroup `name` idle for the CPU (cgroup v1's cpu hierarchy or v2's): cpu.idle where the kernel has it,
+    else the lowest weight. False where cgroups cannot be made or set here."""
+    v1, v2 = (Path("/sys/fs/cgroup/cpu"), ("cpu.shares", "2")), (Path("/sys/fs/cgroup"), ("cpu.weight", "1"))
+    for root, lowest in (v1, v2):
+        if not (root / "cgroup.procs").is_file():
+            continue
+        directory = root / name
+        try:
+            directory.mkdir(exist_ok=True)
+            setting, value = ("cpu.idle", "1") if (directory / "cpu.idle").is_file() else lowest
+            (directory / setting).write_text(value)
+        except OSError:
+            _remove_cgroup(name)
+            return False
+        return True
+    return False
+
+
+def _remove_cgroup(name: str) -> None:
+    """Remove cgroup `name` (podman makes it in every v1 hierarchy) once nothing runs in it: empty folders only,
+    waiting a few seconds for podman's monitor (conmon) to leave it."""
+    deadline = time.monotonic() + 10
+    while tops := [top for top in [Path("/sys/fs/cgroup") / name, *Path("/sys/fs/cgroup").glob(f"*/{name}")]
+                   if top.is_dir()]:
+        for top in tops:
+            for directory in sorted(filter(Path.is_dir, top.rglob("*")), key=lambda p: len(p.parts), reverse=True):
+                _remove_folder(directory)
+            _remove_folder(top)
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
+def _remove_folder(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:
+        pass  # something still runs there, or it is gone
+
+
 def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
     """The unit tier in the image, as docs/cluster.md shows it (its own empty data and checkpoints folders
-    mounted), at the lowest CPU priority: {"code": its exit status, "output": the end of its output}."""
+    mounted), at idle CPU priority: {"code": its exit status, "output": the end of its output}."""
     folders = [work_dir / "unit-tier-data", work_dir / "unit-tier-checkpoints"]
     for folder in folders:
         folder.mkdir()
         os.chown(folder, docker_image.IMAGE_UID, docker_image.IMAGE_UID)
     command = docker_image.run(tag, *map(str, folders), *docker_image.STEPS[docker_image.UNIT_TIER_STEP])
+    cgroup = f"tokenformer-test-idle-{os.getpid()}"
+    idle = [command[:2] + [f"--cgroup-parent=/{cgroup}"] + command[2:]] if _idle_cgroup(cgroup) else []
     try:
-        result = subprocess.run(["nice", "-n", "19", *command], env=podman_env(work_dir), capture_output=True,
-                                text=True, timeout=UNIT_TIER_SECONDS)
+        for attempt in [*idle, command]:  # without the cgroup if podman refuses it (exit status 125: its own error)
+            result = subprocess.run(["nice", "-n", "19", *attempt], env=podman_env(work_dir), capture_output=True,
+                                    text=True, timeout=UNIT_TIER_SECONDS)
+            if result.returncode != 125:
+                break
     except subprocess.TimeoutExpired:
         return {"code": None, "output": f"did not finish in {UNIT_TIER_SECONDS} s: {docker_image.shell(command)}"}
+    finally:
+        _remove_cgroup(cgroup)
     return {"code": result.returncode, "output": (result.stdout + result.stderr)[-6000:]}
 
 
