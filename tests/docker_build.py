@@ -144,8 +144,8 @@ def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
     idle = [command[:2] + [f"--cgroup-parent=/{cgroup}"] + command[2:]] if _idle_cgroup(cgroup) else []
     try:
         for attempt in [*idle, command]:  # without the cgroup if podman refuses it (exit status 125: its own error)
-            result = subprocess.run(["nice", "-n", "19", *attempt], env=podman_env(work_dir), capture_output=True,
-                                    text=True, timeout=UNIT_TIER_SECONDS)
+            result = subprocess.run(attempt, env=podman_env(work_dir), capture_output=True, text=True,
+                                    timeout=UNIT_TIER_SECONDS)
             if result.returncode != 125:
                 break
     except subprocess.TimeoutExpired:
