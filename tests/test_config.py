@@ -223,6 +223,8 @@ def test_deepspeed_sections_are_checked_with_deepspeed():
      ({"valid_data_paths": ["a", "b"], "valid_data_weights": [0, 0]},
       "valid_data_weights [0.0, 0.0]: each weight must be a positive number (to leave a dataset out, remove it "
       "from valid_data_paths)"),
+     ({"train_data_paths": ["a", "b"], "train_data_weights": [1e308, 1e308]},
+      "train_data_weights [1e+308, 1e+308]: their sum overflows to inf"),
      ({"attention_config": [[["global"], 2]]}, "every layer of this framework is a TokenFormer layer")],
 )
 def test_impossible_values_are_rejected(changes, expected):

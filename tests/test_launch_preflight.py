@@ -24,6 +24,7 @@ from megatron.formats.deepspeed.changed_settings import resume_warnings
 from megatron.formats.deepspeed.files import CheckpointUnreadable
 from megatron.formats.registry import read_state
 from megatron.launch.preflight import nothing_left_to_train, preflight_notes, preflight_problems
+from megatron.launch.resolve import resolve_run
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from tests.conftest import REPO
 from tests.distributed import free_port
@@ -379,12 +380,14 @@ def test_a_data_path_naming_the_bin_file_or_its_directory_gets_the_prefix_it_mea
     assert f"data_path = {given!r}: missing {given}.bin, {given}.idx; {rule}; {meant}" in str(error.value)
 
 
-def test_a_train_iters_no_run_can_count_is_refused_before_launch(tmp_path):
-    """train_iters beyond what the 64-bit sample counts hold is refused before launch."""
+def test_a_train_iters_no_run_can_count_is_refused_before_launch_naming_the_runs_global_batch():
+    """train_iters beyond what the 64-bit sample counts hold is refused before launch, as deepy.py resolves the
+    run: naming its global batch (tiny.yml: 4 x 2 accumulation x 2 processes = 16), not the 1 of the reading
+    before the world size is known."""
     with pytest.raises(ConfigError, match=r"train_iters = 1000000000000000000000000000000 is beyond any run: 1.6e\+31 "
                                           r"samples of train_batch_size 16, more than the data index and the "
                                           r"checkpoints can count \(2\^63 - 1\)"):
-        run_config(tmp_path, f"train_iters={10**30}")
+        resolve_run([TINY], [f"train_iters={10**30}"], "train.py", device="cpu")
 
 
 def flip_safetensors_bytes(path: Path) -> None:

@@ -218,6 +218,9 @@ def _weights_match_paths(v: Mapping[str, Any]) -> str | None:
         if weights is not None and not all(math.isfinite(w) and w > 0 for w in weights):
             return (f"{stage}_data_weights {weights}: each weight must be a positive number (to leave a dataset "
                     f"out, remove it from {stage}_data_paths)")
+        if weights is not None and not math.isfinite(sum(weights)):
+            return (f"{stage}_data_weights {weights}: their sum overflows to inf, which would weigh every dataset 0; "
+                    "only their ratios matter, so give smaller numbers (e.g. 1 for each equal weight)")
     return None
 
 
@@ -325,11 +328,13 @@ MOST_SAMPLES = 2**63 - 1
 
 
 def _samples_can_be_counted(v: Mapping[str, Any]) -> str | None:
-    samples = v["train_iters"] * (v["train_batch_size"] or 1)
-    if samples <= MOST_SAMPLES:
+    """Checked once the global batch is known: before the world size is (deepy.py's first reading of the files),
+    the message could only name a guess at it."""
+    batch = v["train_batch_size"]
+    if batch is None or v["train_iters"] * batch <= MOST_SAMPLES:
         return None
-    return (f"train_iters = {v['train_iters']} is beyond any run: {samples:.3g} samples of train_batch_size "
-            f"{v['train_batch_size'] or 1}, more than the data index and the checkpoints can count (2^63 - 1); "
+    return (f"train_iters = {v['train_iters']} is beyond any run: {v['train_iters'] * batch:.3g} samples of "
+            f"train_batch_size {batch}, more than the data index and the checkpoints can count (2^63 - 1); "
             "set the number of optimizer steps to train for")
 
 
