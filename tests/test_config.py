@@ -447,13 +447,24 @@ def test_pattention_keys_of_a_dense_transformer_are_named_as_inactive():
     assert inactive_keys(Config.from_dict({**MINIMAL, "norm_activation_type": "softmax"}), "cuda") == []
 
 
-def test_triton_tiles_on_a_cpu_are_named_as_slow():
-    cfg = load_config([REPO / "configs" / "demo.yml"], ["pattention_impl=flash", "flash_backend=triton"])
+@pytest.mark.parametrize("impl", ["flash", "fused", "auto"])
+def test_triton_tiles_on_a_cpu_are_named_as_slow(impl):
+    """fused runs Θ in Triton kernels as flash does, as 100x slow under the interpreter on a CPU."""
+    cfg = load_config([REPO / "configs" / "demo.yml"], [f"pattention_impl={impl}", "flash_backend=triton"])
     [(key, why)] = slow_keys(cfg, "cpu")
     assert key == "flash_backend" and "Triton's interpreter" in why and "flash_backend: pytorch" in why
+    assert f"pattention_impl {impl}'s kernels" in why
     assert slow_keys(cfg, "cuda") == []
-    for fast in (["pattention_impl=flash", "flash_backend=pytorch"], ["pattention_impl=fused", "flash_backend=triton"]):
+    for fast in ([f"pattention_impl={impl}", "flash_backend=pytorch"], ["pattention_impl=plain", "flash_backend=triton"]):
         assert slow_keys(load_config([REPO / "configs" / "demo.yml"], fast), "cpu") == []
+
+
+def test_compiling_on_a_cpu_is_named_as_silent_for_minutes():
+    cfg = load_config([REPO / "configs" / "demo.yml"], ["compile={enable: true}"])
+    [(key, why)] = slow_keys(cfg, "cpu")
+    assert key == "compile" and "the first training step compiles every TokenFormer layer" in why
+    assert slow_keys(cfg, "cuda") == []
+    assert slow_keys(load_config([REPO / "configs" / "demo.yml"], ["compile={enable: false}"]), "cpu") == []
 
 
 # --- generated documentation ----------------------------------------------------

@@ -40,9 +40,25 @@ def inactive_keys(cfg: Config, device_name: str) -> list[tuple[str, str]]:
     return unused + _pattention_keys_of_a_dense_model(cfg) + _backend_on_cpu(cfg, device_name)
 
 
+def _triton_on_a_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:
+    """Every Pattention implementation but plain runs Θ in Triton kernels with flash_backend: triton (fused's
+    score matrix and flash's blocks alike, megatron/model/pattention/registry.py)."""
+    uses_tiles = cfg.model_type == "tokenformer" and cfg.pattention_impl != "plain"
+    if device_name != "cpu" or cfg.flash_backend != "triton" or not uses_tiles:
+        return []
+    return [("flash_backend", f"triton on a CPU runs pattention_impl {cfg.pattention_impl}'s kernels under Triton's "
+             "interpreter, about 100x slower than flash_backend: pytorch (meant for testing the kernels)")]
+
+
+def _compiling_on_a_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:
+    """The first step compiles the layers before it computes anything, and prints nothing meanwhile."""
+    if device_name != "cpu" or not (cfg.compile or {}).get("enable", False):
+        return []
+    return [("compile", "the first training step compiles every TokenFormer layer before it trains, which takes a "
+             "minute or more on a CPU with no output meanwhile; set compile: {enable: false} for short runs")]
+
+
 def slow_keys(cfg: Config, device_name: str) -> list[tuple[str, str]]:
-    """(key, why) for every key set to a value that makes this run much slower on this device than another value."""
-    if device_name == "cpu" and cfg.flash_backend == "triton" and cfg.pattention_impl == "flash":
-        return [("flash_backend", "triton on a CPU runs the kernels under Triton's interpreter, about 90x slower "
-                 "than flash_backend: pytorch (meant for testing the kernels)")]
-    return []
+    """(key, why) for every key set to a value that makes this run much slower on this device than another value,
+    or silent for long."""
+    return _triton_on_a_cpu(cfg, device_name) + _compiling_on_a_cpu(cfg, device_name)
