@@ -49,7 +49,8 @@ def default_impl(args: argparse.Namespace) -> str:
     fp32 process)."""
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.training.pattention_choice import RunShape, choose_pattention_impl
+    from megatron.model.rank_memory import RunShape
+    from megatron.training.pattention_choice import choose_pattention_impl
 
     shape = RunShape(micro_batch=args.batch, precision="fp32", zero_stage=0, data_parallel=1, tensor_parallel=1,
                      pipeline_parallel=1)

@@ -37,7 +37,8 @@ from megatron.config.run_inputs import CLUSTER_CHECK_FAILED
 from megatron.config.schema import CLUSTER_CHECK_SECTIONS
 from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
 from megatron.model import TokenFormerArgs
-from megatron.training.pattention_choice import RESERVE, RunShape, training_bytes_per_rank
+from megatron.model.rank_memory import RunShape, training_bytes_per_rank
+from megatron.training.pattention_choice import RESERVE
 from tests.conftest import REPO, run_deepy
 from tests.distributed import free_port
 from tests.test_launch_preflight import pristine, run  # noqa: F401 (fixtures: a save directory at iteration 3)

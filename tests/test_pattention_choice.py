@@ -10,13 +10,8 @@ from deepspeed.accelerator import get_accelerator
 
 from megatron.config import Config
 from megatron.model import TokenFormerArgs
-from megatron.training.pattention_choice import (
-    RESERVE,
-    RunShape,
-    choose_pattention_impl,
-    resolve_pattention_impl,
-    training_bytes_per_rank,
-)
+from megatron.model.rank_memory import RunShape, training_bytes_per_rank
+from megatron.training.pattention_choice import RESERVE, choose_pattention_impl, resolve_pattention_impl
 from tests.test_config import MINIMAL
 
 ARGS = TokenFormerArgs(padded_vocab_size=1024, hidden_size=128, num_layers=4, num_attention_heads=4,

@@ -30,8 +30,9 @@ from megatron.cluster_check.training_runs import batches, engine_for, release
 from megatron.cluster_check.variants import small_model, variant
 from megatron.model import TokenFormerArgs, flops_per_token
 from megatron.model.memory import GIB
+from megatron.model.rank_memory import RunShape, training_bytes_per_rank
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
-from megatron.training.pattention_choice import RESERVE, RunShape, device_bytes_per_rank, training_bytes_per_rank
+from megatron.training.pattention_choice import RESERVE, device_bytes_per_rank
 from megatron.training.step import train_step
 from megatron.training.utilization import Utilization, peak_memory_bytes
 
