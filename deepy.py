@@ -7,7 +7,8 @@ Config files merge left to right; `key=value` arguments override single keys
 (the value is read as YAML: `train_iters=100`, `optimizer={type: Adam, params: {lr: 0.001}}`).
 Everything is checked here, before any process starts: the config, the
 hostfile and include/exclude, the launcher's tools and ssh reachability, and
-the files the run reads (launch/preflight.py); a run whose checkpoint already reached train_iters is not
+the files the run reads (launch/preflight.py), and that this machine's memory holds its ranks and
+sample index (launch/node_resources.py); a run whose checkpoint already reached train_iters is not
 launched (it says so and exits 0). The config is printed once, with a warning per optimizer or data
 key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.py), and
 passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
@@ -42,6 +43,7 @@ from megatron.growth.notes import launch_notes as growth_notes  # noqa: E402
 from megatron.host.build_locks import remove_stale_build_locks  # noqa: E402
 from megatron.host.extension_cache import use_environment_cache  # noqa: E402
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size  # noqa: E402
+from megatron.launch.node_resources import node_core_notes, node_memory_problems  # noqa: E402
 from megatron.launch.preflight import (launches_here, nothing_left_to_train, preflight_notes,  # noqa: E402
                                        preflight_problems)
 from megatron.launch.resolve import resolve_run  # noqa: E402
@@ -75,6 +77,7 @@ def main(argv: list[str]) -> int:
         check_launcher(cfg, slots)
         check_reachable(cfg, slots)
         raise_if_any(preflight_problems(cfg, slots))
+        raise_if_any(node_memory_problems(cfg, slots, device))
         done = nothing_left_to_train(cfg)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
@@ -87,6 +90,8 @@ def main(argv: list[str]) -> int:
         print(f"note: {key} has no effect here: {reason}", flush=True)
     for key, why in slow_keys(cfg, device):
         print(f"note: {key}: {why}", flush=True)
+    for note in node_core_notes(cfg, slots):
+        print(f"note: {note}", flush=True)
     if Path(script).name not in INFERENCE_SCRIPTS:
         for note in [*preflight_notes(cfg), *growth_notes(cfg, keys_set(files, overrides))]:
             print(f"note: {note}", flush=True)

@@ -29,6 +29,17 @@ def normalized_weights(weights: Sequence[float], what: str = "weights") -> np.nd
     return values / values.sum()
 
 
+def most_samples_taken(weights: np.ndarray, num_samples: int) -> np.ndarray:
+    """An upper bound on the samples a blend of ``num_samples`` takes from each dataset (normalized ``weights``):
+    the n-th due time is at most n + len(weights) / 2."""
+    return np.floor(num_samples * np.asarray(weights, dtype=np.float64) + len(weights)).astype(np.int64) + 2
+
+
+def blending_build_bytes(num_samples: int) -> int:
+    """Bytes of the two arrays build_blending_indices returns by the compiled helper (uint16 and int64 a sample)."""
+    return num_samples * (np.dtype(np.uint16).itemsize + np.dtype(np.int64).itemsize)
+
+
 def build_blending_indices(weights: np.ndarray, num_samples: int) -> tuple[np.ndarray, np.ndarray]:
     """(uint16 dataset of each sample, int64 index of the sample within that dataset)."""
     weights = normalized_weights(weights)
@@ -47,8 +58,7 @@ def build_blending_indices_numpy(weights: np.ndarray, num_samples: int) -> tuple
         raise ValueError(f"blending weights must be positive, got {list(weights)}")
     if num_samples < 0:
         raise ValueError(f"num_samples must be non-negative, got {num_samples}")
-    # The n-th due time is at most n + len(weights) / 2, so no dataset is taken more often than this.
-    candidates = np.floor(num_samples * weights + len(weights)).astype(np.int64) + 2
+    candidates = most_samples_taken(weights, num_samples)
     due = np.concatenate(
         [(np.arange(count, dtype=np.float64) + 0.5) / weight for count, weight in zip(candidates, weights)]
     )

@@ -50,7 +50,7 @@ def train_split_problem(data_path: str, split: str, documents: int) -> str | Non
             f"give train a share of split (e.g. \"969,30,1\") or use a dataset with more documents")
 
 
-def _train_split_tokens(split: str, sizes: np.ndarray) -> tuple[int, int]:
+def train_split_tokens(split: str, sizes: np.ndarray) -> tuple[int, int]:
     """The train split's documents and tokens, of documents of `sizes` tokens."""
     train_end = get_train_valid_test_split(split, len(sizes))[1]
     return train_end, int(np.sum(sizes[:train_end], dtype=np.int64))
@@ -60,7 +60,7 @@ def train_split_shortfall(data_path: str, split: str, sizes: np.ndarray, batch_s
                           seq_length: int) -> str | None:
     """The error of a train split with fewer tokens than one global batch of sequences reads (so that every
     batch would repeat the same text); None if it has enough. `sizes`: every document's token count."""
-    train_end, tokens = _train_split_tokens(split, sizes)
+    train_end, tokens = train_split_tokens(split, sizes)
     needed = batch_sequences * seq_length + 1
     if tokens >= needed:
         return None
@@ -78,7 +78,7 @@ def train_split_repeats(data_path: str, split: str, sizes: np.ndarray, iteration
                         seq_length: int) -> str | None:
     """A note on a train split that `iterations` global batches read more than NOTED_EPOCHS times (as the
     dataset's epochs count them); None otherwise. Not an error: repeating a small corpus can be meant."""
-    train_end, tokens = _train_split_tokens(split, sizes)
+    train_end, tokens = train_split_tokens(split, sizes)
     if tokens == 0:
         return None  # train_split_problem names it
     epochs = num_epochs_needed(tokens, seq_length, iterations * batch_sequences)

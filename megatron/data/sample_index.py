@@ -14,8 +14,11 @@ of one is the first label of the next) and samples cross document borders.
 
 ``build_sample_idx`` runs the compiled helper (``helpers.cpp``: one pass, no
 temporaries) and falls back to ``build_sample_idx_numpy``, which returns the
-identical array using several times the memory.
+identical array using several times the memory. ``index_build_bytes`` counts what a build allocates without
+building it (deepy.py bounds it by the machine's memory before launch).
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,10 +37,14 @@ def num_epochs_needed(epoch_tokens: int, seq_length: int, num_samples: int) -> i
     return -(-needed_tokens // epoch_tokens)
 
 
+def doc_idx_dtype(largest_document: int) -> type[np.signedinteger]:
+    """int32 while the document numbers fit it."""
+    return np.int32 if largest_document < np.iinfo(np.int32).max else np.int64
+
+
 def build_doc_idx(documents: np.ndarray, num_epochs: int, rng: np.random.RandomState) -> np.ndarray:
     """``documents`` repeated ``num_epochs`` times, each epoch in its own random order."""
-    dtype = np.int32 if len(documents) == 0 or int(np.max(documents)) < np.iinfo(np.int32).max else np.int64
-    epoch = np.asarray(documents, dtype=dtype)
+    epoch = np.asarray(documents, dtype=doc_idx_dtype(int(np.max(documents)) if len(documents) else 0))
     return np.concatenate([rng.permutation(epoch) for _ in range(num_epochs)])
 
 
@@ -74,9 +81,40 @@ def build_sample_idx_numpy(
     return sample_idx
 
 
+def shuffle_idx_dtype(num_samples: int) -> type[np.integer]:
+    """uint32 while the sample numbers fit it."""
+    return np.uint32 if num_samples < np.iinfo(np.uint32).max - 1 else np.int64
+
+
 def build_shuffle_idx(num_samples: int, rng: np.random.RandomState) -> np.ndarray:
     """A random permutation of ``range(num_samples)``, uint32 while that suffices."""
-    dtype = np.uint32 if num_samples < np.iinfo(np.uint32).max - 1 else np.int64
-    shuffle_idx = np.arange(num_samples, dtype=dtype)
+    shuffle_idx = np.arange(num_samples, dtype=shuffle_idx_dtype(num_samples))
     rng.shuffle(shuffle_idx)
     return shuffle_idx
+
+
+@dataclass(frozen=True)
+class IndexBytes:
+    """What building one dataset's index allocates (bytes), before its arrays are saved and memory-mapped."""
+
+    epochs: int
+    doc_idx: int
+    sample_idx: int
+    shuffle_idx: int
+
+    @property
+    def peak(self) -> int:
+        """The most at one time: doc_idx twice while its epochs are concatenated, then all three arrays while
+        the samples are shuffled."""
+        return max(2 * self.doc_idx, self.doc_idx + self.sample_idx + self.shuffle_idx)
+
+
+def index_build_bytes(num_documents: int, epoch_tokens: int, seq_length: int, num_samples: int) -> IndexBytes:
+    """The arrays the compiled helper's build of ``num_samples`` samples of documents 0 .. num_documents - 1 (a
+    train split, a whole dataset) of ``epoch_tokens`` tokens allocates, counted without building them."""
+    epochs = num_epochs_needed(epoch_tokens, seq_length, num_samples)
+    samples = (epochs * epoch_tokens - 1) // seq_length
+    return IndexBytes(epochs=epochs,
+                      doc_idx=epochs * num_documents * np.dtype(doc_idx_dtype(num_documents - 1)).itemsize,
+                      sample_idx=(samples + 1) * 2 * np.dtype(np.int64).itemsize,
+                      shuffle_idx=samples * np.dtype(shuffle_idx_dtype(samples)).itemsize)
