@@ -35,8 +35,10 @@ from megatron.model import TokenFormerArgs
 from megatron.model.memory import GIB
 from megatron.model.rank_memory import RunShape, training_bytes_per_rank
 
-# A rank's resident memory besides its model: torch and DeepSpeed imported (0.25 GiB measured here), gloo, the
-# engine, the data. Issue 59 measured 0.43 GiB a rank for tests/tiny.yml's model, 64 ranks on one CPU machine.
+# A rank's host memory besides its model (torch and DeepSpeed imported, gloo, the engine, the data), measured for
+# tests/tiny.yml on a 2-core CPU machine: peak RSS 0.47 GiB a rank (train_iters=2; 0.25 GiB of it the imports),
+# and 0.43 GiB a rank when 64 ran at once (issue 59). RSS counts the shared libraries in each process, so the bound
+# takes less than both: it refuses only launches that cannot fit.
 RANK_HOST_BYTES = int(0.4 * GIB)
 
 
