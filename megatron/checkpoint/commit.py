@@ -112,7 +112,8 @@ def commit(save_dir: Path, tag: str, known: Mapping[str, FileRecord] | None = No
 
 def _replace_directory(source: Path, target: Path) -> None:
     """Rename `source` to `target`; an existing `target` (the same iteration saved again after resuming
-    from an earlier checkpoint) is moved out of sight first and deleted after."""
+    from an earlier checkpoint; a damaged one was set aside before the save, pruning.py) is moved out of sight
+    first and deleted after."""
     replaced = target.with_name(f"{STAGING_PREFIX}replaced-{target.name}")
     if target.exists():
         target.rename(replaced)
