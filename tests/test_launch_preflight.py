@@ -352,6 +352,17 @@ def test_a_latest_that_is_not_text_leaves_the_checkpoints_beside_it_resumable(ru
     assert weights_location_problem(run) == f"{damaged}; write the name of the checkpoint to load into it"
 
 
+def test_an_empty_latest_is_said_to_be_empty_and_the_newest_checkpoint_resumed(run, tmp_path, capsys):
+    """Not "a path elsewhere": the file is named as empty, and resuming takes the newest checkpoint that verifies."""
+    (run / "latest").write_text("\n")
+    assert resume_tag(str(run)) == "global_step3"
+    empty = (f"{run}/latest is empty (a write cut short, or emptied by hand), not a checkpoint's name such as "
+             "global_step5")
+    assert capsys.readouterr().err == (f"warning: resuming from global_step3 in {run}; skipped:\n  latest: {empty}; "
+                                       "not followed\n")
+    assert weights_location_problem(run) == f"{empty}; write the name of the checkpoint to load into it"
+
+
 def batch_warnings(cfg) -> list[str]:
     return [warning for warning in resume_warnings(cfg) if " with seq_length " in warning
             or " with train_micro_batch_size_per_gpu " in warning]

@@ -8,9 +8,9 @@ token count, as a model of its size from scratch; in between n moves linearly, r
 buffer is an integer). Where it starts and when come from the growth record (checkpoint/growth_record.py:
 `norm_token_count`, `iteration`), so a run resumed halfway continues the same ramp; one resumed with another ramp
 length, which would move n at once, or with none, which would hold n between the two counts for good, is refused
-with the fix (`resumed_ramp_problem`): the config says the ramp, as everywhere else, and the error names it. The counts are set on the host, once per
-change of the whole count (after each step, so that a checkpoint saved at an iteration holds the n the ramp gives
-it): no synchronisation, and no work on the iterations in between.
+with the fix (`resumed_ramp_problem`): the config says the ramp, as everywhere else, and the error names it. The
+counts are set on the host, once per change of the whole count (after each step, so that a checkpoint saved at an
+iteration holds the n the ramp gives it): no synchronisation, and no work on the iterations in between.
 """
 
 from __future__ import annotations
