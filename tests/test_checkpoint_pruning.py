@@ -1,5 +1,5 @@
 """keep_last_n_checkpoints counts only checkpoints that can be resumed from; a damaged one is set aside, never
-deleted, and the newest intact ones are kept."""
+deleted, and the newest intact ones are kept. One at the iteration a resumed run saves again is set aside too."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ import os
 import shutil
 from pathlib import Path
 
+import deepspeed
 import torch
 
 from megatron.checkpoint import selection
 from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.pruning import delete_old_checkpoints
+from megatron.checkpoint.save import save_checkpoint
+from megatron.config import load_config
+from tests.conftest import REPO
+from tests.distributed import run_on_ranks
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
 WEIGHTS = bytes(range(7, 7 + 64))  # a tensor's bytes, found again in the file to corrupt them
@@ -86,3 +91,29 @@ def test_a_checkpoint_damaged_again_under_a_name_set_aside_before_gets_a_name_of
     assert names(tmp_path) == ["global_step10", "global_step20.damaged", "global_step20.damaged-2", "global_step30"]
     assert (tmp_path / "global_step20.damaged" / MODEL_FILE).stat().st_size == 100  # the first one untouched
     assert "renamed to global_step20.damaged-2, kept" in capsys.readouterr().err
+
+
+def resume_past_a_damaged_checkpoint_and_save_it_again(save: str) -> list[str]:
+    """One rank: save iterations 10 and 20, damage 20, resume (from 10) and save 20 again, as a training run
+    does; the save directory's names."""
+    cfg = load_config([REPO / "tests" / "tiny.yml"], ["padded_vocab_size=256", f"save={save}", "num_gpus=1"],
+                      world_size=1)
+    model = torch.nn.Linear(4, 4)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+        "train_batch_size": 1, "optimizer": {"type": "Adam", "params": {"lr": 0.001, "torch_adam": True}}})
+    for step in (10, 20):
+        save_checkpoint(engine, cfg, step, consumed_samples=step)
+    os.truncate(Path(save) / "global_step20" / "mp_rank_00_model_states.pt", 100)
+    assert selection.resume_tag(save) == "global_step10"
+    save_checkpoint(engine, cfg, 20, consumed_samples=20)
+    return names(Path(save))
+
+
+def test_a_damaged_checkpoint_saved_again_at_its_iteration_is_set_aside_not_deleted(tmp_path, capfd):
+    """As at any other iteration, the checkpoint that failed verification stays as evidence."""
+    [found] = run_on_ranks(1, resume_past_a_damaged_checkpoint_and_save_it_again, str(tmp_path))
+    assert found == ["global_step10", "global_step20", "global_step20.damaged", "latest"]
+    assert (tmp_path / "global_step20.damaged" / "mp_rank_00_model_states.pt").stat().st_size == 100
+    assert (f"warning: global_step20 in {tmp_path} cannot be resumed from (it failed verification when this run "
+            "chose where to resume); renamed to global_step20.damaged, kept while this run saves global_step20 "
+            "anew") in capfd.readouterr().err

@@ -268,6 +268,18 @@ def test_each_factor_of_the_modes_can_be_changed_alone():
         choices(norm="both")
 
 
+def test_an_explicit_optimizer_reset_holds_when_nothing_grows():
+    """A same-size warm start (pretrain_partial_init) or re-shard with a reset asked for gets a fresh optimizer, as
+    the schema promises; the modes' defaults (official resets) apply only to growth."""
+    def optimizer(*overrides: str) -> str:
+        return plan_growth(config(), config(*overrides)).optimizer
+
+    assert optimizer("growth_optimizer=reset") == "reset"
+    assert optimizer("pretrain_partial_init_reset_optimizer=true") == "reset"
+    assert optimizer() == "carry"
+    assert optimizer("growth_mode=official") == "carry"
+
+
 def test_new_norm_count_is_the_only_change_from_preserve_and_changes_the_function():
     """preserve with growth_norm_token_count new: the same tensors as preserve except every √n's n, which is n'."""
     source_cfg = config()

@@ -162,6 +162,20 @@ def test_a_file_that_would_run_code_is_refused_before_launch_with_the_safety_mes
     assert not marker.exists()
 
 
+def test_a_stray_zero_shard_outside_the_manifest_does_not_count_as_a_data_parallel_rank(run, tmp_path):
+    """The checkpoint's layout is what its config.json and manifest say, not every file that looks like a shard:
+    resumed on its own 2 ranks it is taken, on 3 refused before DeepSpeed's traceback on each rank."""
+    tag_dir = run / "global_step3"
+    shutil.copy(tag_dir / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                tag_dir / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt")
+    assert preflight_problems(run_config(tmp_path, f"load={run}", "train_iters=6"), TWO_RANKS) == []
+    three = run_config(tmp_path, f"load={run}", "train_iters=6", "train_batch_size=null", world_size=3)
+    assert preflight_problems(three, {"localhost": [0, 1, 2]}) == [
+        f"load: {tag_dir} holds ZeRO optimizer state partitioned over 2 data-parallel ranks but this run has 3, and "
+        "DeepSpeed cannot re-partition it: resume on 2 data-parallel ranks, or re-shard it into this run's layout "
+        "with tools/grow_checkpoint.py (the slot counts unchanged), whose output any data-parallel size loads"]
+
+
 def test_a_model_shard_in_the_legacy_format_is_refused_before_launch(run, tmp_path):
     header = torch.load(run / "global_step3" / MODEL_SHARD, weights_only=False)
     replace_file(run / "global_step3", MODEL_SHARD, header, legacy=True)
@@ -337,6 +351,17 @@ def test_a_latest_that_is_not_text_leaves_the_checkpoints_beside_it_resumable(ru
     assert capsys.readouterr().err == (f"warning: resuming from global_step3 in {run}; skipped:\n  latest: {damaged}; "
                                        "not followed\n")
     assert weights_location_problem(run) == f"{damaged}; write the name of the checkpoint to load into it"
+
+
+def test_an_empty_latest_is_said_to_be_empty_and_the_newest_checkpoint_resumed(run, tmp_path, capsys):
+    """Not "a path elsewhere": the file is named as empty, and resuming takes the newest checkpoint that verifies."""
+    (run / "latest").write_text("\n")
+    assert resume_tag(str(run)) == "global_step3"
+    empty = (f"{run}/latest is empty (a write cut short, or emptied by hand), not a checkpoint's name such as "
+             "global_step5")
+    assert capsys.readouterr().err == (f"warning: resuming from global_step3 in {run}; skipped:\n  latest: {empty}; "
+                                       "not followed\n")
+    assert weights_location_problem(run) == f"{empty}; write the name of the checkpoint to load into it"
 
 
 def batch_warnings(cfg) -> list[str]:

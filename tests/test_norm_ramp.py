@@ -83,6 +83,20 @@ def test_a_ramp_length_changed_mid_ramp_is_refused_before_launch(demo_data, tmp_
         "its ramp"]
 
 
+def test_a_checkpoint_saved_mid_ramp_resumed_without_a_ramp_is_refused_naming_its_ramp(demo_data, tmp_path):
+    """Without the key, n would stay between the two counts for good: refused as another length is, with the fix."""
+    base = without_growth_mode(tmp_path)
+    load = str(mid_ramp_checkpoint(tmp_path / "checkpoints", base).parent)  # iteration 4 of a ramp of 8
+    problems, _ = launch(demo_data, base, load=load, train_iters=8)
+    assert problems == [
+        f"{load}/global_step4: norm_token_count_ramp_iters 0: the checkpoint (iteration 4) was saved midway through "
+        "a ramp of n of √n over 8 iterations, and without one n would stay where it is for good (qkv_slot_num 96 "
+        "(from 64 to 128), proj_slot_num 96 (from 64 to 128), ffn_slot_num 384 (from 256 to 512)): neither the "
+        "source's function nor the grown model's; set norm_token_count_ramp_iters: 8 to continue its ramp"]
+    nothing_to_ramp = str(mid_ramp_checkpoint(tmp_path / "official", base, start=DOUBLED, held=DOUBLED).parent)
+    assert launch(demo_data, base, load=nothing_to_ramp, train_iters=8) == ([], [])
+
+
 def test_a_ramp_longer_than_the_run_or_after_official_growth_and_a_contradiction_are_said(demo_data, tmp_path):
     base = without_growth_mode(tmp_path)
     load = str(mid_ramp_checkpoint(tmp_path / "mid", base).parent)

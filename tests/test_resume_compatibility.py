@@ -63,14 +63,25 @@ def test_optimizer_and_data_keys_changed_on_resume_are_warned_one_line_each(zero
     tag_dir = checkpoint.save / "global_step2"
     load = f"load={checkpoint.save}"
     cfg = checkpoint.config(load, NEW_BETAS, "weight_decay=0.01", "split='800,200,0'", "num_workers=1",
-                            "seed=7", "num_layers=2")
+                            "num_layers=2")
     assert resume_warnings(cfg) == [
         f"resuming {tag_dir} with optimizer.params.betas changed: saved [0.9, 0.95], this run [0.9, 0.99]{WARNING_END}",
         f"resuming {tag_dir} with weight_decay changed: saved 0.1, this run 0.01{WARNING_END}",
         f"resuming {tag_dir} with split changed: saved '900,100,0', this run '800,200,0'{WARNING_END}",
-    ]  # num_workers reads the same data; seed is a training key, the model keys are refused elsewhere
+    ]  # num_workers reads the same data; the model keys are refused elsewhere
     assert resume_warnings(checkpoint.config(load)) == []
     assert resume_warnings(checkpoint.config(load, "weight_decay=0.01", "eval_only=true")) == []
+
+
+def test_a_seed_changed_on_resume_is_warned_as_another_data_order(zero_data_parallel_checkpoint):
+    """The seed draws the data order and the validation samples: changed, the restored data position points at
+    other text, as with seq_length."""
+    checkpoint = zero_data_parallel_checkpoint
+    tag_dir = checkpoint.save / "global_step2"
+    assert resume_warnings(checkpoint.config(f"load={checkpoint.save}", "seed=7")) == [
+        f"resuming {tag_dir} with seed changed: saved 1234, this run 7. The data order and the validation samples "
+        "are drawn from the seed, so the data position it holds points at another order: from there the run reads "
+        f"some text again, some never, and validates on other samples{WARNING_END}"]
 
 
 def test_a_weights_only_checkpoint_is_a_warm_start_and_not_warned(saved):

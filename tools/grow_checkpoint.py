@@ -8,7 +8,8 @@
 TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ffn_slot_num (or the flags)
 give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
 tokens, its growth_mode (or the flag) how they are made. Same counts and another layout re-shard only: the
-weights, the n of √n, the optimizer state, the iteration and the growth record are kept, whatever the mode.
+weights, the n of √n, the optimizer state, the iteration and the growth record are kept, whatever the mode
+(the optimizer state is dropped only where asked: --reset-optimizer, or the config's growth_optimizer: reset).
 official (the default): as the official TokenFormer code, old rows copied into a fresh init of the larger
 model (√n of the new count), optimizer state dropped and iteration 0. preserve: old tokens stay bit-exact, new
 keys are zero and the normalisation keeps the old n, so the grown model computes the same function; the Adam

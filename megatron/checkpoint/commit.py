@@ -42,17 +42,21 @@ def is_tag_name(name: str) -> bool:
 
 
 def read_latest(save_dir: Path) -> str | None:
-    """The tag `save_dir/latest` names, None without one; ValueError naming the file when it does not hold text
-    (damaged: a disk error, another program's write), which no checkpoint's name can be."""
+    """The tag `save_dir/latest` names, None without one; ValueError naming the file when it is empty or does not
+    hold text (damaged: a disk error, another program's write), which no checkpoint's name can be."""
     marker = save_dir / LATEST
     if not marker.is_file():
         return None
     held = marker.read_bytes()
     try:
-        return held.decode("utf-8").strip()
+        tag = held.decode("utf-8").strip()
     except UnicodeDecodeError:
         raise ValueError(f"{marker} is damaged: it holds {held[:32]!r}{'...' if len(held) > 32 else ''}, not a "
                          "checkpoint's name such as global_step5") from None
+    if not tag:
+        raise ValueError(f"{marker} is empty (a write cut short, or emptied by hand), not a checkpoint's name such "
+                         "as global_step5")
+    return tag
 
 
 class CheckpointWriteError(RuntimeError):
@@ -112,7 +116,8 @@ def commit(save_dir: Path, tag: str, known: Mapping[str, FileRecord] | None = No
 
 def _replace_directory(source: Path, target: Path) -> None:
     """Rename `source` to `target`; an existing `target` (the same iteration saved again after resuming
-    from an earlier checkpoint) is moved out of sight first and deleted after."""
+    from an earlier checkpoint; a damaged one was set aside before the save, pruning.py) is moved out of sight
+    first and deleted after."""
     replaced = target.with_name(f"{STAGING_PREFIX}replaced-{target.name}")
     if target.exists():
         target.rename(replaced)

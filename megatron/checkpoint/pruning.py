@@ -3,7 +3,8 @@
 Only checkpoints that can be resumed from count as kept. A damaged one (a file missing or of the wrong
 size, or one this run's resume found corrupted) is renamed `global_stepN.damaged` (`.damaged-2`, ... where a
 checkpoint of that iteration was set aside before), named in a warning and never deleted: it is not counted,
-so the newest checkpoints that verify are the ones kept.
+so the newest checkpoints that verify are the ones kept. A damaged one at the iteration a resumed run saves again
+is set aside the same way before that save (`set_aside_if_damaged`), instead of being replaced and deleted.
 """
 
 from __future__ import annotations
@@ -37,6 +38,24 @@ def _aside_name(path: Path) -> Path:
     return aside
 
 
+def _set_aside(path: Path, why: str, outcome: str) -> None:
+    aside = _aside_name(path)
+    path.rename(aside)
+    print(f"warning: {path.name} in {path.parent} cannot be resumed from ({why}); renamed to {aside.name}, kept "
+          f"{outcome}", file=sys.stderr, flush=True)
+
+
+def set_aside_if_damaged(save_dir: Path, tag: str) -> None:
+    """Rank 0, before saving `tag`: a damaged checkpoint under that name (a run resumed from before it reaches
+    its iteration again) is set aside, so that saving anew does not delete the evidence."""
+    path = save_dir / tag
+    if not is_rank_0() or not path.is_dir():
+        return
+    why = _damage(path)
+    if why is not None:
+        _set_aside(path, why, f"while this run saves {tag} anew")
+
+
 def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
     """Rank 0, after `global_step{newest}` was committed: keep the `keep` newest checkpoints up to it that can be
     resumed from, set damaged ones aside, delete the rest. Later ones (left by a run this one resumed from an
@@ -51,11 +70,8 @@ def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
         why = None if step == newest else _damage(path)  # the newest was just written and verified by commit
         if why is None:
             usable.append(path)
-            continue
-        aside = _aside_name(path)
-        path.rename(aside)
-        print(f"warning: {path.name} in {save_dir} cannot be resumed from ({why}); renamed to {aside.name}, kept "
-              f"and not counted among keep_last_n_checkpoints={keep}", file=sys.stderr, flush=True)
+        else:
+            _set_aside(path, why, f"and not counted among keep_last_n_checkpoints={keep}")
     for path in usable[:-keep]:
         doomed = path.with_name(f"{STAGING_PREFIX}deleted-{path.name}")
         path.rename(doomed)

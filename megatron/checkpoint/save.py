@@ -35,7 +35,7 @@ from megatron.checkpoint.commit import (
 )
 from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, optimizer_parameter_names
 from megatron.checkpoint.growth_record import write_growth_record
-from megatron.checkpoint.pruning import delete_old_checkpoints
+from megatron.checkpoint.pruning import delete_old_checkpoints, set_aside_if_damaged
 from megatron.checkpoint.rng_state import capture_rng_state
 
 
@@ -56,6 +56,7 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_r
     `growth_record`: the growth.json of a run continuing a grown model (growth_record.py), carried forward."""
     save_dir, tag = Path(cfg.save), checkpoint_tag(iteration)
     remove_interrupted_saves(save_dir)
+    set_aside_if_damaged(save_dir, tag)
     client_state = {"iteration": iteration, "consumed_train_samples": consumed_samples,
                     OPTIMIZER_PARAMETER_NAMES: optimizer_parameter_names(engine)}
     staging = staging_directory(save_dir, tag)

@@ -311,8 +311,9 @@ _CHECKPOINT = (
         "start at 0, a new stage as in the official TokenFormer code. How new tokens are made: growth_mode."),
     Key("pretrain_partial_init_reset_optimizer", bool, False, "checkpoint",
         "With pretrain_partial_init: start the optimizer afresh (no Adam moments, step 0) instead of carrying "
-        "the smaller model's state over (tools/grow_checkpoint.py --reset-optimizer). Implied by growth_mode "
-        "official unless growth_optimizer is carry; the same as growth_optimizer: reset."),
+        "the smaller model's state over (tools/grow_checkpoint.py --reset-optimizer), whether or not anything "
+        "grows. Implied by growth_mode official (where something grows) unless growth_optimizer is carry; the "
+        "same as growth_optimizer: reset."),
     Key("growth_mode", str, "official", "checkpoint",
         "How growth (pretrain_partial_init, tools/grow_checkpoint.py) makes new parameter tokens. official: as "
         "the official TokenFormer code (custom_load_fn_incremental): the old rows copied into a freshly "
@@ -324,7 +325,9 @@ _CHECKPOINT = (
     Key("growth_optimizer", str, None, "checkpoint",
         "What growth does with Adam's state: carry (the old tokens' moments and the step count kept, the new "
         "tokens' moments zero) or reset (a fresh optimizer). Unset: the growth mode's (preserve carries, official "
-        "resets); pretrain_partial_init_reset_optimizer: true means reset.", choices=("carry", "reset")),
+        "resets); pretrain_partial_init_reset_optimizer: true means reset. Where nothing grows (a same-size "
+        "pretrain_partial_init, a re-shard by tools/grow_checkpoint.py) only an explicit reset applies.",
+        choices=("carry", "reset")),
     Key("growth_norm_token_count", str, None, "checkpoint",
         "The n of Θ's sqrt(n) after growth: old (the source's, which keeps the function of the l2 variants) or new "
         "(the grown token count, as a model of that size from scratch: the function changes). Unset: the growth "

@@ -7,9 +7,10 @@ the n its grown checkpoint holds (the function is the source's, exactly), and `r
 token count, as a model of its size from scratch; in between n moves linearly, rounded to a whole count (the
 buffer is an integer). Where it starts and when come from the growth record (checkpoint/growth_record.py:
 `norm_token_count`, `iteration`), so a run resumed halfway continues the same ramp; one resumed with another ramp
-length, which would move n at once, is refused (`resumed_ramp_problem`). The counts are set on the host, once per
-change of the whole count (after each step, so that a checkpoint saved at an iteration holds the n the ramp gives
-it): no synchronisation, and no work on the iterations in between.
+length, which would move n at once, or with none, which would hold n between the two counts for good, is refused
+with the fix (`resumed_ramp_problem`): the config says the ramp, as everywhere else, and the error names it. The
+counts are set on the host, once per change of the whole count (after each step, so that a checkpoint saved at an
+iteration holds the n the ramp gives it): no synchronisation, and no work on the iterations in between.
 """
 
 from __future__ import annotations
@@ -60,21 +61,31 @@ class NormRamp:
         return round(start + (target - start) * share)
 
 
-def resumed_ramp_problem(cfg, tag_dir: Path, record: dict) -> str | None:
-    """Why resuming checkpoint `tag_dir` (global_stepN, growth record `record`) under `cfg` would move n of √n at
-    once: the run that saved it ramped over another length (its config.json), and the two ramps differ at its
-    iteration; None otherwise (also where there is nothing to compare)."""
+def resumed_ramp_problem(cfg, tag_dir: Path, record: dict | None) -> str | None:
+    """Why resuming checkpoint `tag_dir` (global_stepN, growth record `record`) under `cfg` would break the ramp
+    the run that saved it was on (its config.json): another length moves n of √n at once where the two ramps
+    differ at its iteration; no ramp (0) mid-ramp would leave n between the two counts for good, neither the
+    source's function nor the model's own. None otherwise (also where there is nothing to compare)."""
     tag, saved = CHECKPOINT_TAG.match(tag_dir.name), tag_dir / CONFIG_NAME
-    if tag is None or not saved.is_file():
+    if record is None or tag is None or not saved.is_file():
         return None
     iteration = int(tag.group(1))
     before, after = read_config(saved).norm_token_count_ramp_iters, cfg.norm_token_count_ramp_iters
-    if before == after or not after or "norm_token_count" not in record or "iteration" not in record:
+    if before == after or "norm_token_count" not in record or "iteration" not in record:
         return None
     start, target = record["norm_token_count"], {key: getattr(cfg, key) for key in slot_keys()}
     if set(start) != set(target):
         return None  # norm_ramp names a record without a count for every slot key
     held = NormRamp(start, target, record["iteration"], before) if before else NormRamp(start, start, 0, 1)
+    fix = f"set norm_token_count_ramp_iters: {before} to continue its ramp"
+    if not after:
+        between = [f"{key} {held.count(key, iteration)} (from {start[key]} to {target[key]})" for key in slot_keys()
+                   if held.count(key, iteration) not in (start[key], target[key])]
+        if not between:
+            return None
+        return (f"norm_token_count_ramp_iters 0: the checkpoint (iteration {iteration}) was saved midway through a "
+                f"ramp of n of √n over {before} iterations, and without one n would stay where it is for good "
+                f"({', '.join(between)}): neither the source's function nor the grown model's; {fix}")
     now = NormRamp(start, target, record["iteration"], after)
     jumps = [f"{key} {held.count(key, iteration)} -> {now.count(key, iteration)}" for key in slot_keys()
              if held.count(key, iteration) != now.count(key, iteration)]
@@ -82,7 +93,7 @@ def resumed_ramp_problem(cfg, tag_dir: Path, record: dict) -> str | None:
         return None
     return (f"norm_token_count_ramp_iters {after}: the checkpoint (iteration {iteration}) was saved by a run with "
             f"norm_token_count_ramp_iters {before}, so n of √n would jump at the resume ({', '.join(jumps)}) and the "
-            f"function with it; set norm_token_count_ramp_iters: {before} to continue its ramp")
+            f"function with it; {fix}")
 
 
 def norm_ramp(cfg, record: dict | None) -> NormRamp | None:

@@ -12,7 +12,8 @@ Two modes make the new tokens (grow.py, docs/growth.md): `preserve` keeps the fu
 on its own: the new keys (zero or from the init: the mode), the n of Θ's √n (`growth_norm_token_count`: old or
 new) and Adam's state (`growth_optimizer`: carry or reset). They apply where a Pattention grows: a plan that
 grows nothing (a re-shard, a shrink, weights loaded as they are) keeps the n of √n, Adam's state and the
-iteration in every mode, unless its caller asks for a reset itself (the tool's --reset-optimizer).
+iteration in every mode, unless a reset is asked for explicitly (growth_optimizer: reset,
+pretrain_partial_init_reset_optimizer: true, the tool's --reset-optimizer).
 """
 
 from __future__ import annotations
@@ -203,15 +204,15 @@ def growth_choices(target: Config, mode: str | None = None, norm: str | None = N
                    optimizer: str | None = None, grows: bool = True) -> tuple[str, str, str]:
     """(mode, norm, optimizer) of a growth into `target`: the arguments where given, else the target config's
     growth_mode, growth_norm_token_count and growth_optimizer (pretrain_partial_init_reset_optimizer: reset), else
-    the mode's own. Where nothing `grows`, the config's choices do not apply: n is kept ("old") and the optimizer
-    state carried unless the `optimizer` argument says reset. ConfigError where the config asks for both carry and
-    reset."""
+    the mode's own. Where nothing `grows`, the mode's defaults do not apply: n is kept ("old") and the optimizer
+    state carried unless an explicit choice (argument or config) says reset, as the schema promises. ConfigError
+    where the config asks for both carry and reset."""
     mode = target.growth_mode if mode is None else mode
     if target.pretrain_partial_init_reset_optimizer and target.growth_optimizer == "carry":
         raise ConfigError(OPTIMIZER_CONTRADICTION)
-    if not grows:
-        return mode, norm or "old", optimizer or "carry"
     configured = "reset" if target.pretrain_partial_init_reset_optimizer else target.growth_optimizer
+    if not grows:
+        return mode, norm or "old", optimizer or configured or "carry"
     defaults = MODE_DEFAULTS.get(mode, MODE_DEFAULTS["preserve"])
     norm = norm or target.growth_norm_token_count or defaults["norm"]
     optimizer = optimizer or configured or defaults["optimizer"]

@@ -81,8 +81,9 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
 
 def _norm_ramp_problems(cfg: Config, tag_dir: Path | None) -> list[str]:
     """norm_token_count_ramp_iters needs where its ramp starts: the growth record of the checkpoint resumed, or the
-    growth pretrain_partial_init makes when there is none."""
-    if not cfg.norm_token_count_ramp_iters or (tag_dir is None and cfg.pretrain_partial_init):
+    growth pretrain_partial_init makes when there is none. A checkpoint saved mid-ramp is resumed on the same ramp,
+    whether or not this run sets one."""
+    if tag_dir is None and (not cfg.norm_token_count_ramp_iters or cfg.pretrain_partial_init):
         return []
     try:
         record = None if tag_dir is None else read_growth_record(tag_dir)

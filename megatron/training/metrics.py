@@ -3,8 +3,11 @@
 Only global rank 0 writes. metrics.jsonl has one JSON object per logged train
 step and per evaluation, with at least `iteration`, `split` ("train"/"valid")
 and `lm_loss`, so runs can be compared with a few lines of Python (or drawn with
-tools/plot_metrics.py). A resumed run first drops a last line cut short by a kill, so that its first record
-is not joined to it. TensorBoard gets a folder per run under tensorboard_dir.
+tools/plot_metrics.py). A resumed training run's file reads as one run: before appending, the run drops the
+records an earlier attempt logged after the checkpoint it resumes (it logs those iterations again) and any
+record cut short by a kill, rewriting the file atomically. An eval_only run may share the log_dir of a live
+run, whose file it does not own: it only appends whole lines. TensorBoard gets a folder per run under
+tensorboard_dir.
 """
 
 from __future__ import annotations
@@ -16,33 +19,62 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megatron.checkpoint.manifest import write_durably
 
-def _drop_a_partial_last_line(path: Path) -> None:
-    """Cut `path` back to its last complete line: a run killed while writing a record leaves part of it, and a
-    record appended there would be joined to it, so that neither reads as JSON."""
+
+def _record(line: bytes) -> dict | None:
+    """The JSON object `line` holds; None for a line that holds none (a record cut short by a kill)."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _settle(path: Path, resumed_at: int | None) -> None:
+    """Make `path` read as one run before a training run appends to it: drop the records logged after
+    `resumed_at` (the iteration of the checkpoint this run resumes; None for a fresh start) and lines cut short
+    by a kill, keeping a last line that is whole JSON lacking only its newline. Rewritten atomically (a kill
+    leaves the old file or the new), and only where something changes."""
     if not path.is_file():
         return
-    with open(path, "rb+") as stream:
-        size = stream.seek(0, os.SEEK_END)
-        if size == 0:
-            return
-        stream.seek(max(0, size - 1))
-        if stream.read(1) == b"\n":
-            return
-        keep = 0
-        for start in range(size, 0, -65536):  # the last newline, read backwards a block at a time
-            stream.seek(max(0, start - 65536))
-            block = stream.read(start - max(0, start - 65536))
-            if (found := block.rfind(b"\n")) >= 0:
-                keep = max(0, start - 65536) + found + 1
-                break
-        stream.truncate(keep)
-    print(f"{path}: dropped its last {size - keep} bytes, a record cut short when the run that wrote it was "
-          "killed", flush=True)
+    *lines, tail = path.read_bytes().split(b"\n")
+    if tail:
+        lines.append(tail)
+    kept, superseded, cut_bytes = [], 0, 0
+    for line in lines:
+        record = _record(line)
+        if record is None:
+            cut_bytes += len(line)
+        elif resumed_at is not None and isinstance(record.get("iteration"), int) and record["iteration"] > resumed_at:
+            superseded += 1
+        else:
+            kept.append(line.decode("utf-8"))
+    if len(kept) == len(lines) and not tail:
+        return
+    write_durably(path, "".join(line + "\n" for line in kept))
+    notes = []
+    if superseded:
+        notes.append(f"dropped {superseded} records of iterations after {resumed_at}, the checkpoint this run "
+                     "resumes: an earlier attempt logged them, and this run logs them again")
+    if cut_bytes:
+        notes.append(f"dropped {cut_bytes} bytes of records cut short when the run that wrote them was killed")
+    if notes:
+        print(f"{path}: {'; '.join(notes)}", flush=True)
+
+
+def _ends_a_line(path: Path) -> bool:
+    """Whether what is appended to `path` starts a line of its own (a new or empty file, or a last newline)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return True
+    with open(path, "rb") as stream:
+        stream.seek(-1, os.SEEK_END)
+        return stream.read(1) == b"\n"
 
 
 class MetricsWriter:
-    def __init__(self, cfg, rank: int):
+    def __init__(self, cfg, rank: int, resumed_at: int | None = None):
+        """`resumed_at`: the iteration of the checkpoint a training run resumes (None for a fresh start)."""
         self.enabled = rank == 0
         self._jsonl = None
         self._tensorboard = None
@@ -52,8 +84,12 @@ class MetricsWriter:
         if cfg.log_dir:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
             self.path = Path(cfg.log_dir) / "metrics.jsonl"
-            _drop_a_partial_last_line(self.path)
+            if not cfg.eval_only:
+                _settle(self.path, resumed_at)
+            starts_a_line = _ends_a_line(self.path)
             self._jsonl = open(self.path, "a", encoding="utf-8")
+            if not starts_a_line:  # eval_only after a cut-short record: its own records stay whole
+                self._jsonl.write("\n")
         if cfg.tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 

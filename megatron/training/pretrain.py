@@ -125,7 +125,6 @@ class Trainer:
         self.engine, self.optimizer, self.model_args = setup_model_and_engine(
             cfg, self.growth.frozen, lean=deepspeed_step is None)
         self.schedule = LRSchedule.from_config(cfg)
-        self.metrics = MetricsWriter(cfg, dist.get_rank())
         self.splits = build_datasets(cfg)
         self.state = RunState()
         self.nonfinite_steps = NonFiniteSteps(self.engine, cfg, agreed=deepspeed_step is None)
@@ -154,6 +153,7 @@ class Trainer:
             norms = grow_into(self.engine, cfg, open_checkpoint(cfg.pretrain_partial_init))
             self.growth = self.growth.grown_here(norms)
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
+        self.metrics = MetricsWriter(cfg, dist.get_rank(), resumed_at=None if tag is None else self.state.iteration)
         # After loading: DeepSpeed's own load works on its step's state.
         self.train_step = (partial(train_step, self.engine) if deepspeed_step
                            else LeanStep(self.engine, cfg))

@@ -57,7 +57,7 @@ def changed_settings(saved: dict[str, Any], cfg: Config) -> list[tuple[str, Any,
 
 
 def _data_position_warnings(tag_dir: Path, saved: dict[str, Any], cfg: Config) -> list[str]:
-    """The warnings for seq_length and train_micro_batch_size_per_gpu changed (module docstring)."""
+    """The warnings for seq_length, seed and train_micro_batch_size_per_gpu changed (module docstring)."""
     warnings = []
     keep = "set it as in its config.json if that is not intended"
     before, after = saved.get("seq_length"), cfg.seq_length
@@ -67,6 +67,12 @@ def _data_position_warnings(tag_dir: Path, saved: dict[str, Any], cfg: Config) -
             f"holds counts samples of {before} tokens; samples of {after} are cut and shuffled otherwise, so from "
             "there the run reads other text than its saved run would have: some of it again, some never "
             f"({keep})")
+    before, after = saved.get("seed"), cfg.seed
+    if before is not None and before != after:
+        warnings.append(
+            f"resuming {tag_dir} with seed changed: saved {before!r}, this run {after!r}. The data order and the "
+            "validation samples are drawn from the seed, so the data position it holds points at another order: "
+            f"from there the run reads some text again, some never, and validates on other samples ({keep})")
     before, after = saved.get("train_micro_batch_size_per_gpu"), cfg.train_micro_batch_size_per_gpu
     if before is not None and before != after:
         batch, now = saved.get("train_batch_size"), cfg.train_batch_size

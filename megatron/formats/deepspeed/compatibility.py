@@ -14,6 +14,7 @@ import json
 import re
 from pathlib import Path
 
+from megatron.checkpoint.manifest import read_manifest
 from megatron.checkpoint.safety import load_checkpoint_file
 from megatron.formats.deepspeed.model_files import ModelFiles
 from megatron.formats.deepspeed.portable import MARKER as PORTABLE_MARKER
@@ -42,11 +43,35 @@ def holds_weights_only(tag_dir: Path) -> bool:
     return bool(headers) and all(load_checkpoint_file(path).get("optimizer") is None for path in headers)
 
 
+def _checkpoint_file_names(tag_dir: Path) -> list[str]:
+    """The files its manifest lists (a file copied in beside them is no part of it); every file where it has
+    none or an unreadable one (the resume refuses or verifies that checkpoint on its own)."""
+    try:
+        records = read_manifest(tag_dir)
+    except ValueError:
+        records = None
+    if records is None:
+        return [path.name for path in tag_dir.iterdir()]
+    return [record.name for record in records]
+
+
 def saved_data_parallel_size(tag_dir: Path) -> int | None:
     """Over how many data-parallel ranks the checkpoint's ZeRO optimizer state is partitioned; None if it
-    holds no ZeRO shards (ZeRO stage 0, or the grow tool's portable state, which fits any size)."""
-    ranks = {int(m.group(1)) for p in tag_dir.iterdir() if (m := ZERO_SHARD.match(p.name))}
-    return len(ranks) or None
+    holds no ZeRO shards (ZeRO stage 0, or the grow tool's portable state, which fits any size). Its config.json
+    says it (the saving run's world size over its model and pipeline sizes); one without world_size (an older
+    checkpoint) by the data-parallel ranks of the shards its manifest lists."""
+    shard_ranks = set()
+    for name in _checkpoint_file_names(tag_dir):
+        match = ZERO_SHARD.match(name)
+        if match:
+            shard_ranks.add(int(match.group(1)))
+    if not shard_ranks:
+        return None
+    saved = _saved_config(tag_dir)
+    if isinstance(saved.get("world_size"), int):
+        model_ranks = saved.get("model_parallel_size", 1) * max(1, saved.get("pipe_parallel_size", 0))
+        return saved["world_size"] // model_ranks
+    return len(shard_ranks)
 
 
 def layout_problems(tag_dir: Path, cfg, data_parallel_size: int | None = None) -> list[str]:
