@@ -2,10 +2,10 @@
 traceback or an `[Errno N]`.
 
 - `stop_at_once_while_starting`, called before a program's imports (torch's is slow): a Ctrl-C or SIGTERM
-  there prints one line and ends the process at once. Nothing has started that needs unwinding, and unwinding
-  from wherever the signal landed is what goes wrong: an exception raised inside a half-finished import leaves
-  the module half-initialised for the next code that touches it (a second traceback), or crosses a pybind11
-  boundary and aborts the process.
+  (for deepy.py any of JOB_STOP_SIGNALS) there prints one line and ends the process at once. Nothing has
+  started that needs unwinding, and unwinding from wherever the signal landed is what goes wrong: an exception
+  raised inside a half-finished import leaves the module half-initialised for the next code that touches it (a
+  second traceback), or crosses a pybind11 boundary and aborts the process.
 - `one_line_errors`, around a program's `main`: a ValueError (a ConfigError among them) or an OSError ends it
   with `PROGRAM: error: ...` and status 2, a KeyboardInterrupt with `PROGRAM: stopped at your request` and 130,
   after `main`'s own clean-up ran. Signals are Python's again from `main` on.
@@ -29,11 +29,14 @@ from pathlib import Path
 from typing import TypeVar
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What stops a training job: Ctrl-C, a scheduler's SIGTERM and its early warning (SIGUSR1 or SIGUSR2, SLURM's
+# --signal), a closed terminal. Each would kill a process that does not catch it.
+JOB_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 Result = TypeVar("Result")
 
 
-def stop_at_once_while_starting(program: str, when: str) -> None:
-    """Until `one_line_errors` runs `main`, a stop signal prints `PROGRAM: stopped at your request, WHEN` and
+def stop_at_once_while_starting(program: str, when: str, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    """Until `one_line_errors` runs `main`, each of `signals` prints `PROGRAM: stopped at your request, WHEN` and
     exits 128+N without unwinding (module docstring). Call it from the main thread, before the slow imports."""
     line = f"{program}: stopped at your request, {when}\n".encode()
 
@@ -42,11 +45,14 @@ def stop_at_once_while_starting(program: str, when: str) -> None:
             sys.stdout.flush()
         except (OSError, ValueError, RuntimeError):  # RuntimeError: the signal landed inside a write to stdout
             pass
-        os.write(2, line)
+        try:
+            os.write(2, line)
+        except OSError:  # a hung-up terminal (SIGHUP): the exit status still tells
+            pass
         os._exit(128 + number)
 
     stop.stops_while_starting = True  # type: ignore[attr-defined]
-    for number in STOP_SIGNALS:
+    for number in signals:
         signal.signal(number, stop)
 
 
