@@ -1,12 +1,12 @@
-"""How the project's command-line programs end on bad input or a stop: one line a person can act on, never a
-traceback or an `[Errno N]`.
+"""How the project's command-line programs end on bad input, a stop or a bug: the first two in one line a person
+can act on, never a traceback or an `[Errno N]`; a bug with its traceback.
 
 - `stop_at_once_while_starting`, called before a program's imports (torch's is slow): a Ctrl-C or SIGTERM
   (for deepy.py any of JOB_STOP_SIGNALS) there prints one line and ends the process at once. Nothing has
   started that needs unwinding, and unwinding from wherever the signal landed is what goes wrong: an exception
   raised inside a half-finished import leaves the module half-initialised for the next code that touches it (a
   second traceback), or crosses a pybind11 boundary and aborts the process.
-- `one_line_errors`, around a program's `main`: bad input (`is_bad_input`: an InputError, the base of the
+- `one_line_errors`, around a program's `main`: bad input (`_is_bad_input`: an InputError, the base of the
   project's own errors, or an OSError about the user's files or disk) ends it with `PROGRAM: error: ...` and
   status 2, a KeyboardInterrupt with `PROGRAM: stopped at your request` and 130, after `main`'s own clean-up
   ran. Anything else is a bug: its traceback, then a line asking to report it, and status 1. Signals are
@@ -45,7 +45,7 @@ class InputError(ValueError):
     and the fix. The project's own errors derive from it, so that any other ValueError reads as the bug it is."""
 
 
-def is_bad_input(error: BaseException) -> bool:
+def _is_bad_input(error: BaseException) -> bool:
     """Whether `error` is the user's to fix: an InputError, or an OSError about their files or disk. An OSError is
     theirs when it names a path (missing, no permission, a file where a folder is needed), reports a full or
     read-only disk, or has no errno: the OS always sets one, so that one was raised with a message for a person (a
@@ -143,7 +143,7 @@ def one_line_errors(program: str) -> Callable[[Callable[..., Result]], Callable[
                 print(f"{program}: stopped at your request", file=sys.stderr, flush=True)
                 raise SystemExit(130) from None
             except Exception as error:
-                if not is_bad_input(error):
+                if not _is_bad_input(error):
                     traceback.print_exc()
                     print(f"{program}: this is a bug, not bad input: please report it with the traceback above",
                           file=sys.stderr, flush=True)
