@@ -11,7 +11,7 @@ the files the run reads (launch/preflight.py), and that this machine's memory ho
 sample index (launch/node_resources.py); a run whose checkpoint already reached train_iters is not
 launched (it says so and exits 0). The config is printed once, with a warning per optimizer or data
 key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.py), and
-passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
+passed to every rank. SIGTERM, Ctrl-C, SIGHUP, SIGUSR1 or SIGUSR2 reaches every rank, which saves and
 stops (launch/supervise.py). DeepSpeed's compiled ops are kept with this Python environment
 (host/extension_cache.py). `launcher` picks how ranks
 start (docs/cluster.md): pdsh, the default (`num_gpus` processes on this machine, started by
@@ -26,12 +26,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from megatron.cli import stop_at_once_while_starting
+from megatron.cli import JOB_STOP_SIGNALS, stop_at_once_while_starting
 
 if __name__ == "__main__":  # before the imports below, which take seconds
-    # Ctrl-C (or SIGTERM) while deepy.py imports and checks: one line and 128+N, at once (megatron/cli.py); from
-    # the launch on, megatron/launch/supervise.py takes the signals over.
-    stop_at_once_while_starting("deepy.py", "before any process started")
+    # A stop (Ctrl-C, SIGTERM, SIGUSR1, ...) while deepy.py imports and checks: one line and 128+N, at once
+    # (megatron/cli.py); from the launch on, megatron/launch/supervise.py takes the signals over.
+    stop_at_once_while_starting("deepy.py", "before any process started", JOB_STOP_SIGNALS)
 
 from megatron.config import ConfigError, inactive_keys, slow_keys  # noqa: E402
 from megatron.config.argument import encode_config  # noqa: E402

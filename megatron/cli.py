@@ -1,14 +1,16 @@
-"""How the project's command-line programs end on bad input or a stop: one line a person can act on, never a
-traceback or an `[Errno N]`.
+"""How the project's command-line programs end on bad input, a stop or a bug: the first two in one line a person
+can act on, never a traceback or an `[Errno N]`; a bug with its traceback.
 
 - `stop_at_once_while_starting`, called before a program's imports (torch's is slow): a Ctrl-C or SIGTERM
-  there prints one line and ends the process at once. Nothing has started that needs unwinding, and unwinding
-  from wherever the signal landed is what goes wrong: an exception raised inside a half-finished import leaves
-  the module half-initialised for the next code that touches it (a second traceback), or crosses a pybind11
-  boundary and aborts the process.
-- `one_line_errors`, around a program's `main`: a ValueError (a ConfigError among them) or an OSError ends it
-  with `PROGRAM: error: ...` and status 2, a KeyboardInterrupt with `PROGRAM: stopped at your request` and 130,
-  after `main`'s own clean-up ran. Signals are Python's again from `main` on.
+  (for deepy.py any of JOB_STOP_SIGNALS) there prints one line and ends the process at once. Nothing has
+  started that needs unwinding, and unwinding from wherever the signal landed is what goes wrong: an exception
+  raised inside a half-finished import leaves the module half-initialised for the next code that touches it (a
+  second traceback), or crosses a pybind11 boundary and aborts the process.
+- `one_line_errors`, around a program's `main`: bad input (`_is_bad_input`: an InputError, the base of the
+  project's own errors, or an OSError about the user's files or disk) ends it with `PROGRAM: error: ...` and
+  status 2, a KeyboardInterrupt with `PROGRAM: stopped at your request` and 130, after `main`'s own clean-up
+  ran. Anything else is a bug: its traceback, then a line asking to report it, and status 1. Signals are
+  Python's again from `main` on.
 - `describe`, the line for such an error: an OSError in words with the path it is about (`OUT: /data/notes is
   a file, not a directory`), which the fix needs and strerror alone does not give.
 - `positive_int`, an argparse type for counts and sizes, refused in argparse's own line when below 1.
@@ -24,16 +26,39 @@ import functools
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What stops a training job: Ctrl-C, a scheduler's SIGTERM and its early warning (SIGUSR1 or SIGUSR2, SLURM's
+# --signal), a closed terminal. Each would kill a process that does not catch it.
+JOB_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 Result = TypeVar("Result")
+# An OSError with one of these comes from the user's disk (full, over quota, read-only), named path or not.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
-def stop_at_once_while_starting(program: str, when: str) -> None:
-    """Until `one_line_errors` runs `main`, a stop signal prints `PROGRAM: stopped at your request, WHEN` and
+class InputError(ValueError):
+    """Bad input a person can fix (a config, a checkpoint, a data file, an argument), in one line that names it
+    and the fix. The project's own errors derive from it, so that any other ValueError reads as the bug it is."""
+
+
+def _is_bad_input(error: BaseException) -> bool:
+    """Whether `error` is the user's to fix: an InputError, or an OSError about their files or disk. An OSError is
+    theirs when it names a path (missing, no permission, a file where a folder is needed), reports a full or
+    read-only disk, or has no errno: the OS always sets one, so that one was raised with a message for a person (a
+    missing checkpoint file, say). Anything else is a bug."""
+    if isinstance(error, InputError):
+        return True
+    if not isinstance(error, OSError):
+        return False
+    return error.filename is not None or error.errno in DISK_ERRNOS or error.errno is None
+
+
+def stop_at_once_while_starting(program: str, when: str, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    """Until `one_line_errors` runs `main`, each of `signals` prints `PROGRAM: stopped at your request, WHEN` and
     exits 128+N without unwinding (module docstring). Call it from the main thread, before the slow imports."""
     line = f"{program}: stopped at your request, {when}\n".encode()
 
@@ -42,11 +67,14 @@ def stop_at_once_while_starting(program: str, when: str) -> None:
             sys.stdout.flush()
         except (OSError, ValueError, RuntimeError):  # RuntimeError: the signal landed inside a write to stdout
             pass
-        os.write(2, line)
+        try:
+            os.write(2, line)
+        except OSError:  # a hung-up terminal (SIGHUP): the exit status still tells
+            pass
         os._exit(128 + number)
 
     stop.stops_while_starting = True  # type: ignore[attr-defined]
-    for number in STOP_SIGNALS:
+    for number in signals:
         signal.signal(number, stop)
 
 
@@ -69,6 +97,8 @@ def _existing_file_above(path: Path) -> Path | None:
 def describe(error: BaseException) -> str:
     """One line for an error a person can fix: an OSError says what is wrong with which path; anything else
     is its own message."""
+    if isinstance(error, OSError) and error.filename is None and error.strerror:
+        return error.strerror  # a full disk on a write, say: the path is not known here
     if not isinstance(error, OSError) or error.filename is None:
         return str(error) or type(error).__name__
     path = Path(os.fsdecode(error.filename))
@@ -101,7 +131,8 @@ def positive_int(text: str) -> int:
 
 
 def one_line_errors(program: str) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
-    """Decorate a program's `main` so that bad input and a stop end it with one line (module docstring)."""
+    """Decorate a program's `main` so that bad input and a stop end it with one line, a bug with its traceback
+    (module docstring)."""
     def decorate(main: Callable[..., Result]) -> Callable[..., Result]:
         @functools.wraps(main)
         def run(*args, **kwargs) -> Result:
@@ -111,7 +142,12 @@ def one_line_errors(program: str) -> Callable[[Callable[..., Result]], Callable[
             except KeyboardInterrupt:
                 print(f"{program}: stopped at your request", file=sys.stderr, flush=True)
                 raise SystemExit(130) from None
-            except (ValueError, OSError) as error:
+            except Exception as error:
+                if not _is_bad_input(error):
+                    traceback.print_exc()
+                    print(f"{program}: this is a bug, not bad input: please report it with the traceback above",
+                          file=sys.stderr, flush=True)
+                    raise SystemExit(1) from None
                 print(f"{program}: error: {describe(error)}", file=sys.stderr, flush=True)
                 raise SystemExit(2) from None
         return run

@@ -15,6 +15,7 @@ import pytest
 from megatron.config import ConfigError, load_config
 from megatron.config.argument import decode_config, encode_config
 from megatron.launch import check_launcher, launch_command, launch_notes, process_slots
+from megatron.launch.resources import local_device_ids
 from megatron.runtime.environment import TORCH_VARIABLES, export_rank_environment
 from tests.launch_checks import TINY
 
@@ -71,6 +72,20 @@ def test_local_run_starts_num_gpus_processes():
         "-m", "megatron.launch.local_ranks", "--devices", "0,1", "--master_addr", "127.0.0.1", "--master_port",
         "29500", "--visible_devices_variable", "CUDA_VISIBLE_DEVICES", "train.py", "A",
     ]
+
+
+def test_a_schedulers_visible_devices_list_maps_the_slots_and_bounds_them():
+    """CUDA_VISIBLE_DEVICES=2,3 set by a scheduler: the ranks get GPUs 2 and 3, never 0 and 1 (maybe another
+    job's), and a third slot is refused before launch. Without the variable, or on CPUs, a slot is its own id."""
+    scheduler = {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert local_device_ids([0, 1], "cuda", "CUDA_VISIBLE_DEVICES", scheduler) == ["2", "3"]
+    assert local_device_ids([1], "cuda", "CUDA_VISIBLE_DEVICES", scheduler) == ["3"]
+    assert local_device_ids([0], "cuda", "CUDA_VISIBLE_DEVICES", {"CUDA_VISIBLE_DEVICES": "GPU-5d1f"}) == ["GPU-5d1f"]
+    with pytest.raises(ConfigError, match=r"^CUDA_VISIBLE_DEVICES=2,3 gives this job 2 devices, but the run takes "
+                                          r"slots \[0, 1, 2\] of this machine .*; take at most 2 "):
+        local_device_ids([0, 1, 2], "cuda", "CUDA_VISIBLE_DEVICES", scheduler)
+    assert local_device_ids([0, 1], "cuda", "CUDA_VISIBLE_DEVICES", {}) == ["0", "1"]
+    assert local_device_ids([0, 1, 2], "cpu", "CUDA_VISIBLE_DEVICES", scheduler) == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from megatron.launch.local_ranks import FIRST_TO_END_LINE
-from megatron.launch.supervise import FIRST_TO_END
+from megatron.launch.first_to_end import FIRST_TO_END
 
 REPO = Path(__file__).resolve().parents[1]
 VARIABLES = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR",

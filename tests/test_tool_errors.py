@@ -4,16 +4,19 @@ output directories under a file refused before any work (checkpoint/output_direc
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy
 import pytest
 
 from benchmarks import framework_step
 from data_prep import demo_corpus, markov_corpus
+from megatron.cli import one_line_errors
 from tests.conftest import REPO
 from tests.test_launch_preflight import pristine, run  # noqa: F401 - fixtures: a synthetic checkpoint
 from tools import grow_checkpoint, model_summary, plot_metrics, preprocess_data
@@ -50,6 +53,36 @@ def test_model_summary_reports_bad_input_in_one_line(tmp_path, capsys):
         assert code == 2 and expected in line, line  # argparse's lines begin with sys.argv[0]
     model_summary.main([TINY, "num_layers=3", "--json"])  # key=value overrides a key, as deepy.py's do
     assert '"total_params"' in capsys.readouterr().out
+
+
+def test_a_bug_shows_its_traceback_and_asks_for_a_report_while_a_full_disk_stays_one_line(capsys):
+    """A ValueError from inside numpy, or an OSError about no path of the user's, is a bug: read as bad input, it
+    would hide where it came from. A full disk is the user's, path or not (a write to /dev/full fails so)."""
+    bug_line = "tool.py: this is a bug, not bad input: please report it with the traceback above"
+
+    @one_line_errors("tool.py")
+    def misuses_numpy() -> None:
+        numpy.zeros(-1)
+
+    @one_line_errors("tool.py")
+    def reads_a_closed_descriptor() -> None:
+        descriptor = os.open(os.devnull, os.O_RDONLY)
+        os.close(descriptor)
+        os.read(descriptor, 1)
+
+    @one_line_errors("tool.py")
+    def writes_to_a_full_disk() -> None:
+        with open("/dev/full", "w") as out:
+            out.write("x")
+
+    for main, error in [(misuses_numpy, "ValueError: negative dimensions are not allowed"),
+                        (reads_a_closed_descriptor, "OSError: [Errno 9] Bad file descriptor")]:
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        lines = capsys.readouterr().err.splitlines()
+        assert exit_.value.code == 1 and lines[0] == "Traceback (most recent call last):", lines
+        assert lines[-2:] == [error, bug_line], lines
+    assert one_line(capsys, writes_to_a_full_disk) == (2, "tool.py: error: No space left on device")
 
 
 def test_an_output_under_a_file_is_one_line_naming_the_file(tmp_path, a_file, capsys):

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from megatron.cli import describe, one_line_errors, stop_at_once_while_starting
+from megatron.cli import InputError, one_line_errors, stop_at_once_while_starting
 
 if __name__ == "__main__":  # before the imports below, which are slow (megatron/cli.py)
     stop_at_once_while_starting("grow_checkpoint.py", "before anything was written")
@@ -90,7 +90,7 @@ def check_destination(load: Path, save: Path) -> None:
     """The output must neither touch the source nor overwrite anything."""
     source, destination = load.resolve(), save.resolve()
     if destination == source or source in destination.parents:
-        raise ValueError(f"--save {save} is inside --load {load}; the source checkpoint is never modified: "
+        raise InputError(f"--save {save} is inside --load {load}; the source checkpoint is never modified: "
                          "write the grown checkpoint to a new directory elsewhere")
     removed = remove_interrupted_writes(save, STAGING_PREFIX)
     if removed:
@@ -224,8 +224,6 @@ def main(argv: Sequence[str] | None = None) -> Path:
             zero_new_values=args.zero_new_values, optimizer=args.optimizer, reset_iteration=args.reset_iteration,
             allow_shrink=args.allow_shrink, growth_mode=args.growth_mode, norm=args.norm_token_count,
             announce=lambda note: print(note, flush=True))
-    except (ValueError, OSError) as error:
-        parser.exit(2, f"{parser.prog}: error: {describe(error)}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{parser.prog}: interrupted; --save {args.save} holds nothing of this run\n")
     print(_summary(tag_dir, plan, time.perf_counter() - start, args))

@@ -14,17 +14,17 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from megatron.cli import one_line_errors
+from megatron.cli import InputError, one_line_errors
 
 PANELS = (("lm_loss", "loss"), ("lr", "learning rate"), ("tokens_per_sec", "tokens/s"))
 
 
 def read_run(path: Path) -> list[dict]:
-    """The records of a run's metrics.jsonl (`path`: the file or its directory); ValueError naming a problem. A
+    """The records of a run's metrics.jsonl (`path`: the file or its directory); InputError naming a problem. A
     last line without its newline that is not JSON is left out: a run killed (or still) writing it."""
     file = path / "metrics.jsonl" if path.is_dir() else path
     if not file.is_file():
-        raise ValueError(f"{path} holds no metrics.jsonl: pass a run's log_dir")
+        raise InputError(f"{path} holds no metrics.jsonl: pass a run's log_dir")
     records = []
     text = file.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
@@ -35,9 +35,9 @@ def read_run(path: Path) -> list[dict]:
             except json.JSONDecodeError:
                 if number == len(lines):  # no newline after it: a record cut short by a kill (or being written)
                     break
-                raise ValueError(f"{file} line {number} is not JSON") from None
+                raise InputError(f"{file} line {number} is not JSON") from None
     if not records:
-        raise ValueError(f"{file} is empty: the run logged nothing yet")
+        raise InputError(f"{file} is empty: the run logged nothing yet")
     return records
 
 
@@ -77,10 +77,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("runs", nargs="+", type=Path, help="log_dir of a run (or its metrics.jsonl)")
     parser.add_argument("--out", type=Path, default=Path("metrics.png"), help="the PNG to write (metrics.png)")
     args = parser.parse_args(argv)
-    try:
-        runs = {label_of(path): read_run(path) for path in args.runs}
-    except ValueError as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    runs = {label_of(path): read_run(path) for path in args.runs}
     figure = plot(runs)
     figure.savefig(args.out, dpi=100)
     print(f"wrote {args.out}: {', '.join(runs)}")

@@ -29,6 +29,7 @@ from megatron.checkpoint.manifest import (
     write_manifest,
 )
 from megatron.checkpoint.work_split import barrier, is_rank_0, map_over_ranks, same_on_all_ranks
+from megatron.cli import InputError
 
 STAGING_PREFIX = ".tmp-"
 LATEST = "latest"
@@ -51,7 +52,7 @@ def read_latest(save_dir: Path) -> str | None:
     try:
         tag = held.decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise ValueError(f"{marker} is damaged: it holds {held[:32]!r}{'...' if len(held) > 32 else ''}, not a "
+        raise InputError(f"{marker} is damaged: it holds {held[:32]!r}{'...' if len(held) > 32 else ''}, not a "
                          "checkpoint's name such as global_step5") from None
     if not tag:
         raise ValueError(f"{marker} is empty (a write cut short, or emptied by hand), not a checkpoint's name such "

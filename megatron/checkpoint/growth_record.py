@@ -26,11 +26,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from megatron.cli import InputError
+
 GROWTH_RECORD = "growth.json"
 FORMAT = 1
 
 
-class GrowthRecordError(ValueError):
+class GrowthRecordError(InputError):
     """A growth record that cannot be used, named with what is wrong."""
 
 

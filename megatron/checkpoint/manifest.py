@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron.cli import InputError
+
 MANIFEST = "manifest.json"
 _FORMAT = 1
 
@@ -139,7 +141,7 @@ def read_manifest(directory: Path) -> list[FileRecord] | None:
         content = json.loads(path.read_text(encoding="utf-8"))
         return [FileRecord(name, int(entry["size"]), str(entry["sha256"])) for name, entry in content["files"].items()]
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"{path} is not a valid manifest ({error!r})") from None
+        raise InputError(f"{path} is not a valid manifest ({error!r})") from None
 
 
 def content_digest(directory: Path) -> str:

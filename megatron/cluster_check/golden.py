@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from megatron.cli import InputError
 from megatron import mpu
 from megatron.cluster_check.context import CheckContext
 from megatron.cluster_check.ranks import gather
@@ -39,7 +40,7 @@ REPOSITORY_CURVE = Path(__file__).with_name("golden_curve.json")
 CURVE_KEYS = ("model", "optimizer", "data", "steps", "relative_tolerance", "losses")
 
 
-class CurveError(ValueError):
+class CurveError(InputError):
     """A curve file that cannot be used, with the reason."""
 
 

@@ -14,10 +14,11 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from megatron.cli import InputError
 from megatron.config.schema import SCHEMA, TOKEN_COUNT_KEYS, Key
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration problem, described so the user can fix it."""
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from megatron.cli import InputError
 from megatron.data.blending_index import build_blending_indices, normalized_weights
 from megatron.data.index_cache import load_or_build
 
@@ -47,7 +48,7 @@ class BlendableDataset(torch.utils.data.Dataset):
         cache_prefix: str,
     ):
         if len(datasets) != len(weights):
-            raise ValueError(f"{name}: {len(datasets)} datasets but {len(weights)} weights; give one weight each")
+            raise InputError(f"{name}: {len(datasets)} datasets but {len(weights)} weights; give one weight each")
         self.name = name
         self.datasets = list(datasets)
         self.weights = normalized_weights(weights, f"{name} data weights")

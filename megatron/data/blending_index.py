@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from megatron.cli import InputError
 from megatron.data.compiled_helpers import load_helpers
 
 MAX_DATASETS = 1 << 16
@@ -23,9 +24,9 @@ def normalized_weights(weights: Sequence[float], what: str = "weights") -> np.nd
     """Weights scaled to sum to 1; each must be a positive finite number."""
     values = np.asarray(weights, dtype=np.float64)
     if values.ndim != 1 or not 1 <= len(values) <= MAX_DATASETS:
-        raise ValueError(f"{what} must list 1 to {MAX_DATASETS} numbers, got {list(weights)}")
+        raise InputError(f"{what} must list 1 to {MAX_DATASETS} numbers, got {list(weights)}")
     if not np.all(np.isfinite(values)) or np.any(values <= 0):
-        raise ValueError(f"{what} must all be positive numbers, got {list(weights)}")
+        raise InputError(f"{what} must all be positive numbers, got {list(weights)}")
     return values / values.sum()
 
 

@@ -18,6 +18,8 @@ from typing import BinaryIO
 
 import zstandard
 
+from megatron.cli import InputError
+
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
 TXT_SUFFIXES = (".txt", ".txt.gz", ".txt.zst")
 TXT_DOCUMENT_MODES = ("file", "line")
@@ -48,7 +50,7 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
         raise FileNotFoundError(f"--input files not found: {', '.join(unmatched)}")
     unknown = [path for path in paths if not path.endswith(JSONL_SUFFIXES + TXT_SUFFIXES)]
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"--input {', '.join(unknown)}: unknown file type; use {', '.join(JSONL_SUFFIXES + TXT_SUFFIXES)}"
         )
     return paths
@@ -84,7 +86,7 @@ class CorpusReader:
 
     def __init__(self, paths: Sequence[str], txt_documents: str = "file"):
         if txt_documents not in TXT_DOCUMENT_MODES:
-            raise ValueError(f"txt_documents must be one of {TXT_DOCUMENT_MODES}, got {txt_documents!r}")
+            raise InputError(f"txt_documents must be one of {TXT_DOCUMENT_MODES}, got {txt_documents!r}")
         self.paths = list(paths)
         self.txt_documents = txt_documents
         self.total_bytes = sum(os.path.getsize(path) for path in self.paths)

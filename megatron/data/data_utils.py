@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from megatron.cli import InputError
 from megatron.data.blendable_dataset import BlendableDataset, blended_sample_counts
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
@@ -25,9 +26,9 @@ def get_train_valid_test_split(split_string: str, size: int) -> list[int]:
     try:
         weights = [float(part) for part in split_string.split(separator)]
     except ValueError:
-        raise ValueError(f'split "{split_string}" must be up to three numbers such as "969,30,1"') from None
+        raise InputError(f'split "{split_string}" must be up to three numbers such as "969,30,1"') from None
     if len(weights) > 3 or any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f'split "{split_string}" must be up to three non-negative weights with a positive sum')
+        raise InputError(f'split "{split_string}" must be up to three non-negative weights with a positive sum')
     weights += [0.0] * (3 - len(weights))
     total = sum(weights)
     boundaries = [0]
@@ -138,7 +139,7 @@ def build_datasets_from_paths(
     ):
         prefixes = [paths] if isinstance(paths, str) else list(paths or ())
         if weights is not None and len(weights) != len(prefixes):
-            raise ValueError(
+            raise InputError(
                 f"{name}_data_weights has {len(weights)} entries but {name}_data_paths has {len(prefixes)}; "
                 f"give one weight per path"
             )
@@ -175,7 +176,7 @@ def open_nonempty(prefix: str) -> MMapIndexedDataset:
     """The dataset at ``prefix``; a named error if it holds no documents, which no split could sample from."""
     dataset = MMapIndexedDataset(prefix)
     if len(dataset) == 0:
-        raise ValueError(
+        raise InputError(
             f"{prefix}: the dataset holds no documents ({prefix}.idx lists 0 sequences); re-run "
             f"tools/preprocess_data.py on inputs that have text"
         )

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import torch
 
+from megatron.cli import InputError
 from megatron.data.index_cache import load_or_build
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.sample_index import (
@@ -106,7 +107,7 @@ def _load_or_build_index_mappings(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     epoch_tokens = tokens_per_epoch(documents, sizes)
     if epoch_tokens == 0:
-        raise ValueError(f"the {name} split of {data_prefix} holds no tokens; check the data and the split")
+        raise InputError(f"the {name} split of {data_prefix} holds no tokens; check the data and the split")
     paths = index_cache_paths(data_prefix, name, documents, epoch_tokens, num_samples, seq_length, seed)
     arrays = load_or_build(
         paths, lambda: _build_index_mappings(name, documents, sizes, epoch_tokens, num_samples, seq_length, seed, paths)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from megatron.cli import InputError
+
 
 def load_or_build(paths: dict[str, str], build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The arrays named by ``paths`` (kind -> .npy path), read-only; ``build()`` makes all kinds when any is missing."""
@@ -68,4 +70,4 @@ def _load(path: str) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r")
     except (OSError, ValueError, EOFError) as error:
-        raise ValueError(f"index cache {path} is unreadable ({error}); delete it to rebuild") from error
+        raise InputError(f"index cache {path} is unreadable ({error}); delete it to rebuild") from error

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from megatron.cli import InputError
+
 if TYPE_CHECKING:  # torch is not imported at run time: the preprocessing tools start faster without it
     pass
 
@@ -51,7 +53,7 @@ TokenArray = "np.ndarray | torch.Tensor"
 REBUILD_HINT = "re-run tools/preprocess_data.py to rebuild the .bin/.idx pair"
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(InputError):
     """A ``.bin``/``.idx`` pair that is corrupt, truncated or mismatched."""
 
 
@@ -82,7 +84,7 @@ def prefix_hint(prefix: str) -> str:
 def best_fitting_dtype(vocab_size: int) -> type:
     """Smallest token dtype GPT-NeoX uses for a vocabulary: halves the .bin for vocabs < 65500."""
     if vocab_size <= 0:
-        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+        raise InputError(f"vocab_size must be positive, got {vocab_size}")
     return np.uint16 if vocab_size < 65500 else np.int32
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from megatron.cli import InputError
 from megatron.data.corpus_reader import TXT_SUFFIXES, CorpusReader, RawRecord, parse_record
 from megatron.data.dataset_check import record_largest_token_id, stats_file_path
 from megatron.data.indexed_dataset import (
@@ -299,7 +300,7 @@ def preprocess_corpus(
             progress.update(stats)
         progress.update(stats, final=True)
         if stats.documents == 0:  # before anything is published: an earlier good dataset stays as it was
-            raise ValueError(_no_documents_message(input_paths, stats))
+            raise InputError(_no_documents_message(input_paths, stats))
         for key, prefix in zip(jsonl_keys, finals):
             builders[key].finalize(index_file_path(prefix) + _TEMPORARY_SUFFIX)
         for key, prefix in zip(jsonl_keys, finals):
@@ -377,18 +378,18 @@ def _check_arguments(
     input_paths: Sequence[str], jsonl_keys: Sequence[str], workers: int, log_interval: int, chunk_size: int
 ) -> None:
     if not input_paths:
-        raise ValueError("--input names no files")
+        raise InputError("--input names no files")
     missing = [path for path in input_paths if not os.path.isfile(path)]
     if missing:
         raise FileNotFoundError(f"--input files not found: {', '.join(missing)}")
     if not jsonl_keys or len(set(jsonl_keys)) != len(jsonl_keys):
-        raise ValueError(f"--jsonl-keys must name distinct keys, got {list(jsonl_keys)}")
+        raise InputError(f"--jsonl-keys must name distinct keys, got {list(jsonl_keys)}")
     if any(path.endswith(TXT_SUFFIXES) for path in input_paths) and len(jsonl_keys) != 1:
-        raise ValueError(
+        raise InputError(
             f"--jsonl-keys {list(jsonl_keys)}: .txt inputs hold one text per document, so give one key "
             f"(it names the output)"
         )
     if workers < 1 or log_interval < 1 or chunk_size < 1:
-        raise ValueError(
+        raise InputError(
             f"--workers, --log-interval and chunk_size must be at least 1, got {workers}, {log_interval}, {chunk_size}"
         )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from megatron.cli import InputError
 from megatron.data.compiled_helpers import load_helpers
 
 
@@ -32,7 +33,7 @@ def tokens_per_epoch(documents: np.ndarray, sizes: np.ndarray) -> int:
 def num_epochs_needed(epoch_tokens: int, seq_length: int, num_samples: int) -> int:
     """Fewest epochs holding ``num_samples`` samples: each takes seq_length new tokens, plus one at the very end."""
     if epoch_tokens <= 0:
-        raise ValueError("the documents of this split hold no tokens, so no sample can be built")
+        raise InputError("the documents of this split hold no tokens, so no sample can be built")
     needed_tokens = num_samples * seq_length + 1
     return -(-needed_tokens // epoch_tokens)
 

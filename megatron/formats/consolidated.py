@@ -22,6 +22,7 @@ from torch import Tensor
 
 from megatron.checkpoint.manifest import file_problems, read_manifest, record_file, write_manifest
 from megatron.checkpoint.output_directory import require_new_or_empty
+from megatron.cli import InputError
 from megatron.config import Config, load_config
 from megatron.formats.deepspeed.files import CheckpointUnreadable, reading_weights, tag_directory
 from megatron.model.args import ARCHITECTURE_KEYS
@@ -60,7 +61,7 @@ def _read_one(path: Path) -> dict[str, Tensor]:
     with reading_weights(path):
         state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"{path} is not a state dict (a mapping of names to tensors); "
+        raise InputError(f"{path} is not a state dict (a mapping of names to tensors); "
                          "pass a consolidated weights file, e.g. one written by tools/export_checkpoint.py")
     return dict(state)
 
@@ -212,7 +213,7 @@ def choose_config(saved: Path, given: Config | str | Path | None, weights: Path)
         different = [f"{key}: saved {getattr(saved_config, key)!r}, given {getattr(given_config, key)!r}"
                      for key in ARCHITECTURE_KEYS if getattr(saved_config, key) != getattr(given_config, key)]
         if different:
-            raise ValueError(f"the config given does not describe the model saved in {weights} ({saved}): "
+            raise InputError(f"the config given does not describe the model saved in {weights} ({saved}): "
                              + "; ".join(different) + ". Fix those keys or leave config unset")
     return given_config if given_config is not None else saved_config
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from megatron.cli import InputError
 from megatron.model import TokenFormerArgs
 
 MODEL_TYPE = "gpt_neox"
@@ -29,7 +30,7 @@ _NORMS = ("input_layernorm", "post_attention_layernorm")
 def check_exportable(args: TokenFormerArgs) -> None:
     """Refuse, in one line, a dense model GPTNeoX cannot compute."""
     if args.pos_emb != "rotary":
-        raise ValueError(f"pos_emb={args.pos_emb!r}: transformers' GPTNeoX has rotary positions only; a dense model "
+        raise InputError(f"pos_emb={args.pos_emb!r}: transformers' GPTNeoX has rotary positions only; a dense model "
                          "exports to it with pos_emb: rotary")
 
 
@@ -56,7 +57,7 @@ def gpt_neox_state(state: dict[str, Tensor], args: TokenFormerArgs) -> dict[str,
     output = left.pop("final_linear.weight", None)
     out["embed_out.weight"] = embedding.clone() if output is None else output  # safetensors stores no aliases
     if left:
-        raise ValueError(f"the dense model has weights GPTNeoX has no place for: {sorted(left)[:5]}")
+        raise InputError(f"the dense model has weights GPTNeoX has no place for: {sorted(left)[:5]}")
     return out
 
 

@@ -37,6 +37,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from megatron.checkpoint.output_directory import require_new_or_empty
+from megatron.cli import InputError
 from megatron.config import Config
 from megatron.formats import gpt_neox
 from megatron.formats.consolidated import (
@@ -68,7 +69,7 @@ def parse_size(text: str) -> int:
     """Bytes of a size such as "5GB" (10⁹, as transformers counts), "500MiB" or "1000000"."""
     match = _SIZE.match(text)
     if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"--max-shard-size {text!r} is not a size; write e.g. 5GB, 500MB, 2GiB or a byte count")
+        raise InputError(f"--max-shard-size {text!r} is not a size; write e.g. 5GB, 500MB, 2GiB or a byte count")
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
 
 
@@ -99,7 +100,7 @@ def from_hf_state(hf_state: dict[str, Tensor], hf_config: dict, source: Path | s
         else:
             unknown.append(name)
     if unknown:
-        raise ValueError(f"{source} holds weights that are not TokenFormerForCausalLM's: {sorted(unknown)[:5]}; "
+        raise InputError(f"{source} holds weights that are not TokenFormerForCausalLM's: {sorted(unknown)[:5]}; "
                          "convert the model directory tools/convert_to_hf.py wrote (or one saved from it)")
     counts = hf_config.get("norm_token_counts")
     for i in range(hf_config["num_hidden_layers"]):
@@ -115,7 +116,7 @@ def architecture_of(hf_config: dict, source: Path | str) -> dict:
 
     missing = [HF_NAMES.get(key, key) for key in ARCHITECTURE_KEYS if HF_NAMES.get(key, key) not in hf_config]
     if missing:
-        raise ValueError(f"{source} has no {missing}: it is not a config.json tools/convert_to_hf.py wrote")
+        raise InputError(f"{source} has no {missing}: it is not a config.json tools/convert_to_hf.py wrote")
     values = {key: hf_config[HF_NAMES.get(key, key)] for key in ARCHITECTURE_KEYS}
     values["no_weight_tying"] = not values["no_weight_tying"]
     return values
@@ -282,11 +283,11 @@ def read_hf_directory(directory: str | Path) -> tuple[dict[str, Tensor], dict]:
     try:
         hf_config = json.loads(config_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{config_path} is not JSON ({error}); pass a Hugging Face model directory whose "
+        raise InputError(f"{config_path} is not JSON ({error}); pass a Hugging Face model directory whose "
                          "config.json transformers wrote") from None
     model_type = hf_config.get("model_type") if isinstance(hf_config, dict) else None
     if model_type != MODEL_TYPE:
-        raise ValueError(f"{config_path} has model_type {model_type!r}, not {MODEL_TYPE!r}: only "
+        raise InputError(f"{config_path} has model_type {model_type!r}, not {MODEL_TYPE!r}: only "
                          "TokenFormer models convert (e.g. a directory tools/convert_to_hf.py wrote)")
     weights = weights_in_directory(directory)
     if weights is None:
@@ -315,7 +316,7 @@ def read(path: Path, config: Config | str | Path | None) -> tuple[dict[str, Tens
     """The canonical state of a model directory, and `config` (a run's: the directory has none), which must
     describe the directory's architecture."""
     if config is None:
-        raise ValueError(f"{path} is a Hugging Face model directory, which holds no run config: {PASS_CONFIG} (the "
+        raise InputError(f"{path} is a Hugging Face model directory, which holds no run config: {PASS_CONFIG} (the "
                          "YAML of the run it came from, or of one to train it on)")
     state, hf_config = read_hf_directory(path)
     vocab = state["word_embeddings.weight"].shape[0]
@@ -325,6 +326,6 @@ def read(path: Path, config: Config | str | Path | None) -> tuple[dict[str, Tens
     different = [f"{key} {getattr(cfg, key)!r} (config.json: {HF_NAMES.get(key, key)}={value!r})"
                  for key, value in architecture.items() if getattr(cfg, key) != value]
     if different:
-        raise ValueError(f"the config given does not describe the model in {path}: " + "; ".join(different)
+        raise InputError(f"the config given does not describe the model in {path}: " + "; ".join(different)
                          + ". Set those keys to the model's values")
     return state, cfg

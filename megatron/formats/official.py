@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from megatron.cli import InputError
 from megatron.config import Config
 from megatron.formats import consolidated
 from megatron.formats.consolidated import weight_names, weights_file
@@ -94,7 +95,7 @@ def _check_inverse_frequencies(key: str, frequencies: Tensor, args: TokenFormerA
     dims = args.rotary_dims
     expected = 1.0 / (args.rotary_emb_base ** (torch.arange(0, dims, 2, dtype=torch.float32) / dims))
     if frequencies.shape != expected.shape or not torch.allclose(frequencies.float(), expected):
-        raise ValueError(f"{key} does not match rotary_pct={args.rotary_pct}, rotary_emb_base={args.rotary_emb_base}"
+        raise InputError(f"{key} does not match rotary_pct={args.rotary_pct}, rotary_emb_base={args.rotary_emb_base}"
                          " of the config: set them to the values the release was trained with")
 
 
@@ -120,14 +121,14 @@ def from_official(official: Mapping[str, Tensor], args: TokenFormerArgs) -> dict
 def to_official(state: Mapping[str, Tensor], num_layers: int, pattention_tau: float) -> dict[str, Tensor]:
     """The official layout of TokenFormerModel's state dict, of a model whose config has `pattention_tau`."""
     if pattention_tau != 1.0:
-        raise ValueError(f"pattention_tau = {pattention_tau}: the official code has no such factor (its scores are "
+        raise InputError(f"pattention_tau = {pattention_tau}: the official code has no such factor (its scores are "
                          "X * K^T), so the model cannot be exported to its layout; only pattention_tau 1 can")
     official = {}
     for name, tensor in state.items():
         if name.endswith(_TOKEN_COUNT):
             tokens = state[name.removesuffix(_TOKEN_COUNT) + "key_param_tokens"].shape[0]
             if int(tensor) != tokens:
-                raise ValueError(f"{name} = {int(tensor)} but the layer has {tokens} parameter tokens; the official "
+                raise InputError(f"{name} = {int(tensor)} but the layer has {tokens} parameter tokens; the official "
                                  "layout normalises by the token count, so this (grown) model cannot be exported")
             continue
         official[official_key(name, num_layers)] = tensor

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from megatron.cli import InputError
 from megatron.config import Config
 from megatron.formats import consolidated, huggingface, official
 from megatron.formats.consolidated import weights_location_problem
@@ -65,5 +66,5 @@ def check_state_fits(state: dict[str, Tensor], config: Config, source: str | Pat
     wrong = [f"{name} {tuple(state[name].shape)} (config: {expected[name]})" for name in expected
              if name in state and tuple(state[name].shape) != expected[name]]
     if missing or unexpected or wrong:
-        raise ValueError(f"the weights in {source} do not fit the model its config describes: missing {missing[:5]}, "
+        raise InputError(f"the weights in {source} do not fit the model its config describes: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}, shapes {wrong[:5]}; check the config's model keys")

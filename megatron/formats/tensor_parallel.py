@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from megatron.cli import InputError
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.spec import pattention_entry
 from megatron.mpu import is_split
@@ -44,7 +45,7 @@ def split_state(state: Mapping[str, Tensor], dims: Mapping[str, int | None], ran
     shards: list[dict[str, Tensor]] = [{} for _ in range(ranks)]
     for name, dim in dims.items():
         if dim is not None and state[name].shape[dim] % ranks:
-            raise ValueError(f"{name} has {state[name].shape[dim]} rows, which do not split evenly over "
+            raise InputError(f"{name} has {state[name].shape[dim]} rows, which do not split evenly over "
                              f"model_parallel_size={ranks} ranks; choose a model_parallel_size dividing it")
         for rank, shard in enumerate(shards):
             shard[name] = state[name] if dim is None else state[name].chunk(ranks, dim=dim)[rank].clone()

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from megatron.checkpoint.parameter_state import ParameterState
+from megatron.cli import InputError
 from megatron.growth.plan import GrowthPlan, pattention_entry
 from megatron.model.init_methods import initial_value
 
@@ -53,7 +54,7 @@ def grown_state(name: str, state: ParameterState, plan: GrowthPlan) -> Parameter
     """`state` of TokenFormerModel entry `name`, grown (or shrunk) to the target model's shape."""
     expected = plan.source_shape(name)
     if tuple(state.weight.shape) != expected:
-        raise ValueError(f"{name}: the source checkpoint holds shape {tuple(state.weight.shape)}, but its "
+        raise InputError(f"{name}: the source checkpoint holds shape {tuple(state.weight.shape)}, but its "
                          f"config.json describes {expected}; the checkpoint does not match its config")
     entry = pattention_entry(name)
     if entry is None:
@@ -80,7 +81,7 @@ def check_entries(names: Iterable[str], plan: GrowthPlan) -> None:
     names = set(names)
     missing, unexpected = sorted(set(plan.target_shapes) - names), sorted(names - set(plan.target_shapes))
     if missing or unexpected:
-        raise ValueError(f"the source checkpoint's entries do not match the model its config describes: missing "
+        raise InputError(f"the source checkpoint's entries do not match the model its config describes: missing "
                          f"{missing[:5]}, unexpected {unexpected[:5]}")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from megatron.checkpoint.commit import CHECKPOINT_TAG
+from megatron.cli import InputError
 from megatron.config import ConfigError
 from megatron.formats.consolidated import CONFIG_NAME, read_config
 from megatron.model.pattention import Pattention
@@ -42,7 +43,7 @@ def norm_counts(model: nn.Module) -> dict[str, int]:
     counts = {key: {int(buffer) for buffer in buffers} for key, buffers in norm_buffers(model).items()}
     mixed = {key: sorted(values) for key, values in counts.items() if len(values) > 1}
     if mixed:
-        raise ValueError(f"Pattentions of one kind normalise by different counts: {mixed}")
+        raise InputError(f"Pattentions of one kind normalise by different counts: {mixed}")
     return {key: values.pop() for key, values in counts.items()}
 
 

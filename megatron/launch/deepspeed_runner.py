@@ -8,21 +8,34 @@ so the runner gets the exact slot list (`--include`) instead of re-deriving it f
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 
 from megatron.config import Config, ConfigError
 from megatron.launch.hosts import is_local_host
 from megatron.launch.ports import master_port
-from megatron.launch.resources import Slots
+from megatron.launch.resources import Slots, local_device_ids
 
 
 def _remote_hosts(slots: Slots) -> list[str]:
     return [host for host in slots if not is_local_host(host)]
 
 
+def _local_devices(slots: Slots) -> tuple[str, list[str]]:
+    """The accelerator's visible-devices variable and the devices the slots of a one-machine run name."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    variable = accelerator.visible_devices_envs()[0]
+    [ids] = slots.values()
+    return variable, local_device_ids(ids, accelerator.device_name(), variable, os.environ)
+
+
 def check(cfg: Config, slots: Slots) -> None:
     remote = _remote_hosts(slots)
+    if len(slots) == 1 and not remote:
+        _local_devices(slots)  # a refusal before anything starts
     if remote and not shutil.which("pdsh"):
         raise ConfigError(
             f"launcher pdsh starts processes on {', '.join(remote)} through pdsh, which is not installed; "
@@ -45,9 +58,7 @@ def command(cfg: Config, slots: Slots, script: str, script_args: list[str]) -> l
 
 
 def _local_command(cfg: Config, slots: Slots, script: str, script_args: list[str]) -> list[str]:
-    from deepspeed.accelerator import get_accelerator
-
-    [devices] = slots.values()
-    return [sys.executable, "-u", "-m", "megatron.launch.local_ranks", "--devices", ",".join(map(str, devices)),
+    variable, devices = _local_devices(slots)
+    return [sys.executable, "-u", "-m", "megatron.launch.local_ranks", "--devices", ",".join(devices),
             "--master_addr", cfg.master_addr or "127.0.0.1", "--master_port", str(master_port(cfg)),
-            "--visible_devices_variable", get_accelerator().visible_devices_envs()[0], script, *script_args]
+            "--visible_devices_variable", variable, script, *script_args]

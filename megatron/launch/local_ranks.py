@@ -2,17 +2,11 @@
 
     python -u -m megatron.launch.local_ranks --devices 0,1 --master_addr 127.0.0.1 --master_port P SCRIPT ARGS...
 
-What DeepSpeed's runner and its launcher.launch do for a run on one machine, in one process that imports
-neither torch nor DeepSpeed: deepy.py starts this instead of those two (each a Python process importing both,
-seconds before any rank starts). Each rank gets DeepSpeed's variables (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT, the devices' visibility variable set to the
-slots) and `--local_rank=N`, as launcher.launch gives them.
-
-A rank that ends with a non-zero status ends the job: this process says which rank ended first and how (the
-line supervise.py reads), ends the others (SIGTERM to each rank and what it started, SIGKILL after a grace
-period) and exits with that status (128+N for signal N). SIGTERM or SIGUSR1 to this process is passed on to
-each rank (SIGINT as SIGTERM), which saves a checkpoint and exits (training/preemption.py); it then exits as the
-ranks do.
+What DeepSpeed's runner and launcher.launch do for a one-machine run, in one process that imports neither torch
+nor DeepSpeed (each of those two spends seconds importing both before any rank starts): the ranks get the same
+variables and `--local_rank=N`. The first rank to end with a non-zero status ends the job: it is named
+(FIRST_TO_END_LINE, which deepy.py reads), the others get SIGTERM, then SIGKILL, and this process exits with its
+status (128+N for signal N). A stop signal is passed on to the ranks, which save and exit (training/preemption.py).
 """
 
 from __future__ import annotations
@@ -26,20 +20,24 @@ import time
 
 import psutil
 
-# The line naming the rank that ended first; supervise.py reads it (FIRST_TO_END).
+from megatron.cli import JOB_STOP_SIGNALS
+
+# The line naming the rank that ended first; deepy.py reads it (first_to_end.py).
 FIRST_TO_END_LINE = "local_ranks: local rank {rank} ended first with return code = {code}; ending the others"
 # How long the other ranks get to end on SIGTERM after one failed, before SIGKILL.
 GRACE_SECONDS = 30
+# Stops passed on as SIGTERM, which the ranks catch by default; the others (SIGUSR1, SIGUSR2) as they are.
+AS_SIGTERM = (signal.SIGINT, signal.SIGHUP)
 
 
-def rank_environment(devices: list[int], local_rank: int, master_addr: str, master_port: int,
+def rank_environment(devices: list[str], local_rank: int, master_addr: str, master_port: int,
                      visible_devices_variable: str) -> dict[str, str]:
     """The variables launcher.launch sets for a rank of a one-machine run."""
     return {
         "RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(len(devices)),
         "LOCAL_SIZE": str(len(devices)), "CROSS_RANK": "0", "CROSS_SIZE": "1",
         "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        visible_devices_variable: ",".join(map(str, devices)),
+        visible_devices_variable: ",".join(devices),
     }
 
 
@@ -59,8 +57,7 @@ def _end_tree(process: subprocess.Popen) -> list[psutil.Process]:
 
 
 def _running(process: psutil.Process) -> bool:
-    """Alive and not a zombie: a rank's child that has ended waits as a zombie for deepy.py (its subreaper once
-    the rank is gone) to reap it, which it does only when the job has ended."""
+    """Alive and no zombie (a rank's child, once the rank is gone, waits as one for deepy.py to reap it)."""
     try:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -68,20 +65,25 @@ def _running(process: psutil.Process) -> bool:
 
 
 def _end_others(ranks: list[subprocess.Popen]) -> None:
-    signalled = [member for rank in ranks if rank.returncode is None for member in _end_tree(rank)]
+    """SIGTERM to the ranks still running and what they started; SIGKILL to what is left after GRACE_SECONDS."""
+    signalled = []
+    for rank in ranks:
+        if rank.returncode is None:
+            signalled.extend(_end_tree(rank))
     deadline = time.monotonic() + GRACE_SECONDS
-    while any(map(_running, signalled)) and time.monotonic() < deadline:
+    while any(_running(process) for process in signalled) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for member in filter(_running, signalled):
-        try:
-            member.kill()
-        except psutil.Error:
-            pass
+    for process in signalled:
+        if _running(process):
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
     for rank in ranks:
         rank.wait()
 
 
-def run(devices: list[int], master_addr: str, master_port: int, visible_devices_variable: str,
+def run(devices: list[str], master_addr: str, master_port: int, visible_devices_variable: str,
         command: list[str]) -> int:
     """Start one rank per device running `command` (python options excluded), wait; the exit status."""
     ranks: list[subprocess.Popen] = []
@@ -93,11 +95,11 @@ def run(devices: list[int], master_addr: str, master_port: int, visible_devices_
         for rank in ranks:
             if rank.returncode is None:
                 try:
-                    rank.send_signal(signal.SIGTERM if number == signal.SIGINT else number)
+                    rank.send_signal(signal.SIGTERM if number in AS_SIGTERM else number)
                 except ProcessLookupError:
                     pass
 
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    for number in JOB_STOP_SIGNALS:
         signal.signal(number, pass_on)
     for local_rank in range(len(devices)):
         environment = dict(os.environ, **rank_environment(devices, local_rank, master_addr, master_port,
@@ -123,7 +125,8 @@ def run(devices: list[int], master_addr: str, master_port: int, visible_devices_
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m megatron.launch.local_ranks", description=__doc__.split("\n")[0])
-    parser.add_argument("--devices", required=True, help="the slots (device ids) of the ranks, comma-separated")
+    parser.add_argument("--devices", required=True, help="the devices of the ranks (the visible-devices variable's "
+                        "ids), comma-separated")
     parser.add_argument("--master_addr", default="127.0.0.1")
     parser.add_argument("--master_port", type=int, required=True)
     parser.add_argument("--visible_devices_variable", default="CUDA_VISIBLE_DEVICES",
@@ -132,8 +135,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.command:
         parser.error("no script given")
-    devices = [int(device) for device in args.devices.split(",")]
-    return run(devices, args.master_addr, args.master_port, args.visible_devices_variable, args.command)
+    return run(args.devices.split(","), args.master_addr, args.master_port, args.visible_devices_variable, args.command)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ this machine; `include`/`exclude` pick hosts and slots (HOST[:SLOT,...][@HOST...
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from megatron.config import Config, ConfigError
 from megatron.launch.hostfile import read_hostfile
 
@@ -57,6 +59,24 @@ def process_slots(cfg: Config, device: str, device_count: int) -> Slots:
             )
         hosts = [(host, ids[: cfg.num_gpus]) for host, ids in hosts]
     return dict(hosts)
+
+
+def local_device_ids(ids: list[int], device: str, variable: str, environment: Mapping[str, str]) -> list[str]:
+    """The devices this machine's slots `ids` name: slot i is the i-th entry of the list a scheduler may have set
+    in `variable` (CUDA_VISIBLE_DEVICES=2,3: the job's GPUs, others may be another job's), else device i. On
+    CPUs the slots are processes, not devices."""
+    listed = environment.get(variable, "").strip()
+    if device == "cpu" or not listed:
+        return [str(slot) for slot in ids]
+    entries = [entry.strip() for entry in listed.split(",")]
+    beyond = [slot for slot in ids if slot >= len(entries)]
+    if beyond:
+        raise ConfigError(
+            f"{variable}={listed} gives this job {len(entries)} devices, but the run takes slots {ids} of this "
+            f"machine (slot i is its i-th device); take at most {len(entries)} (num_gpus, include, the hostfile's "
+            f"slots) or give the job more devices"
+        )
+    return [entries[slot] for slot in ids]
 
 
 def world_size(slots: Slots) -> int:

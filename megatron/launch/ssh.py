@@ -51,8 +51,14 @@ def check_reachable(cfg: Config, slots: Slots) -> None:
             f"hostfile {cfg.hostfile} names remote hosts ({', '.join(remote)}) but ssh is not installed; "
             "install openssh-client, or set no_ssh_check: true if the launcher reaches them another way"
         )
-    probes = {host: _probe(host) for host in remote}
-    failures = {host: reason for host, probe in probes.items() if (reason := _failure(probe))}
+    probes = {}
+    for host in remote:  # all started before any is waited for
+        probes[host] = _probe(host)
+    failures = {}
+    for host, probe in probes.items():
+        reason = _failure(probe)
+        if reason is not None:
+            failures[host] = reason
     if failures:
         listed = "; ".join(f"{host}: {reason}" for host, reason in failures.items())
         raise ConfigError(

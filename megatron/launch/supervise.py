@@ -1,90 +1,35 @@
-"""deepy.py's part once the ranks run: pass a stop signal on to them, wait, and end on a line a person reads.
+"""deepy.py's part once the ranks run: pass a stop on to them, wait, and end on a line a person reads.
 
-SIGTERM (a scheduler's stop, `kill`) or SIGINT (Ctrl-C) to deepy.py would end deepy.py alone, leaving the
-ranks to train on unattached. So the launcher (local_ranks.py on one machine; DeepSpeed's runner, srun or
-mpirun across hosts) runs in a session of its own, and a signal to deepy.py is sent on as SIGTERM to every rank
-on this machine, which saves a checkpoint at the next iteration boundary and exits 0 (training/preemption.py);
-deepy.py then waits for the launcher to finish and exits with it. Ranks on other hosts get it from the launcher
-(SIGTERM to srun or mpirun is forwarded to their tasks). A launcher killed on its own (SIGKILL, or SIGTERM to
-DeepSpeed's runner, which ends it alone) leaves its ranks to deepy.py, the subreaper of its descendants, which
-passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is seen by the ranks here
-(megatron/host/orphan_watch.py). When the job fails, the rank the launcher saw end first, and how, is named as
-the cause (unless that is the cluster check's verdict that sections failed); when it fails because the stop
-reached ranks still starting (before they catch it), deepy.py says it stopped as asked and exits 128+N (130 for
-Ctrl-C). Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
+A stop signal to deepy.py (JOB_STOP_SIGNALS: a scheduler's SIGTERM or SIGUSR1, Ctrl-C, a closed terminal) must
+reach the ranks, which save a checkpoint and exit 0 (training/preemption.py), instead of ending deepy.py alone.
+So the launcher (local_ranks.py here; DeepSpeed's runner, srun or mpirun across hosts) runs in a session of its
+own; deepy.py sends SIGTERM to each rank on this machine (the launcher forwards it to the others) and exits as the
+launcher does. As the subreaper of its descendants, it stops the ranks of a killed launcher too. A failed job
+ends on the rank that ended first, and how (first_to_end.py; a SIGKILL by the out-of-memory killer named as
+such, out_of_memory.py), or, when the stop reached ranks still starting, on "stopped at your request", 128+N.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import psutil
 
+from megatron.cli import JOB_STOP_SIGNALS
 from megatron.config.run_inputs import CLUSTER_CHECK_FAILED, CLUSTER_CHECK_SCRIPT
 from megatron.host.orphan_watch import VARIABLE as ORPHAN_VARIABLE
 from megatron.host.orphan_watch import launcher_identity
+from megatron.launch.first_to_end import FirstRankToEnd, describe_end
+from megatron.launch.hosts import is_local_host
+from megatron.launch.out_of_memory import oom_kill_counts, out_of_memory_kills
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # How long a runner whose ranks ended may take to exit before what is left is ended.
 RUNNERS_GRACE_SECONDS = 5
-# The launcher, when a rank ends badly, ends the others and logs the first one it saw end. DeepSpeed's per-node
-# launcher (a pdsh run, each line prefixed with its host):
-#   [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...] exits with
-#   return code = -9   (one line)
-# On one machine, local_ranks.py logs it (FIRST_TO_END_LINE).
-FIRST_TO_END = re.compile(r"(?:^|\n)(?:(?:(?P<host>[\w.-]+): )?[^\n]*sigkill_handler\][^\n]*--local_rank=(?P<rank>\d+)"
-                          r"|local_ranks: local rank (?P<local>\d+) ended first with)"
-                          r"[^\n]*return code = (?P<code>-?\d+)")
-
-
-class FirstRankToEnd:
-    """Passes the launcher's output (the ranks' too) on unchanged and remembers which rank the launcher saw end
-    first, and how (it logs that to stdout): the cause, where the other ranks' errors (a gloo
-    "connection reset") follow from it."""
-
-    def __init__(self, stdout, stderr) -> None:
-        self.found: str | None = None
-        self.code: int | None = None  # its exit code (-N: killed by signal N)
-        self._threads = [threading.Thread(target=self._forward, args=(stream, target), daemon=True)
-                         for stream, target in ((stdout, sys.stdout), (stderr, sys.stderr))]
-        for thread in self._threads:
-            thread.start()
-
-    def _forward(self, stream, target) -> None:
-        tail = ""
-        while chunk := os.read(stream.fileno(), 65536):
-            try:
-                if hasattr(target, "buffer"):
-                    target.buffer.write(chunk)
-                else:  # a text stream without bytes underneath (a test's capture)
-                    target.write(chunk.decode("utf-8", "replace"))
-                target.flush()
-            except (OSError, ValueError):
-                pass  # deepy.py's own output is gone: keep draining, or the ranks would block writing theirs
-            if self.found is None:
-                tail = (tail + chunk.decode("utf-8", "replace"))[-16384:]
-                match = FIRST_TO_END.search(tail)
-                if match:
-                    self.code = int(match["code"])
-                    self.found = describe_end(int(match["rank"] or match["local"]), self.code, match["host"])
-
-    def wait(self) -> str | None:
-        for thread in self._threads:
-            thread.join(timeout=10)
-        return self.found
-
-
-def describe_end(local_rank: int, code: int, host: str | None = None) -> str:
-    """'local rank 1 (on host-a) was the first to end: killed by SIGKILL'."""
-    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-    return f"local rank {local_rank}{f' on {host}' if host else ''} was the first to end: {how}"
 
 
 def runs_script(command_line: list[str], script: str) -> bool:
@@ -144,25 +89,48 @@ def _end_leftovers(this_process: psutil.Process) -> None:
             pass
 
 
+def _say(line: str) -> None:
+    """Print `line` on stderr, unless that is gone (a hung-up terminal): nothing must keep a stop from the ranks."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def _stop(ranks: list[psutil.Process], reason: str) -> None:
-    print(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which save a checkpoint and stop",
-          file=sys.stderr, flush=True)
     for process in ranks:
         try:
             process.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass  # ended meanwhile
+    _say(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which save a checkpoint and stop")
+
+
+def _why_killed(first_to_end: FirstRankToEnd, kills_before: dict[str, int]) -> str | None:
+    """Why a rank of this machine was killed by SIGKILL, where the kernel's counts tell."""
+    if first_to_end.code != -signal.SIGKILL or not (first_to_end.host is None or is_local_host(first_to_end.host)):
+        return None
+    return out_of_memory_kills(kills_before, oom_kill_counts())
+
+
+def _failure_line(script: str, code: int, first_to_end: FirstRankToEnd, kills_before: dict[str, int]) -> str:
+    """deepy.py's last line for a job that failed with exit status `code`."""
+    if first_to_end.code == CLUSTER_CHECK_FAILED and Path(script).name == CLUSTER_CHECK_SCRIPT:
+        return f"deepy.py: {script} found failures (exit status {code}): the summary above names them"
+    cause = "the first error printed above is the cause"
+    if first_to_end.code is not None:
+        first = describe_end(first_to_end.local_rank, first_to_end.code, first_to_end.host,
+                             _why_killed(first_to_end, kills_before))
+        cause = f"{first}; the errors of the other ranks follow from it"
+    return f"deepy.py: {script} failed (the launcher exited {code}); {cause}"
 
 
 def run_launcher(command: list[str], script: str) -> int:
     """Run the launcher `command` of `script`'s ranks to its end; the exit code: the launcher's (128+N for a
-    signal N), or, if the launcher was killed and its ranks here stopped on their own, theirs, or 128+N for a
-    stop signal N that ended ranks still starting.
+    signal N), that of the ranks a killed launcher left, or 128+N for a stop N that ended ranks still starting.
 
-    From this call on the stop signals are this function's, for the rest of the process: one that arrives while
-    the launcher is being started is passed on as soon as it has started (deepy.py must not exit and leave what
-    it started to the ranks' orphan watch), and one that arrives after the launcher ended has nothing to stop
-    and says so."""
+    The stop signals are this function's for the rest of the process, so that none ends deepy.py: one during the
+    launcher's start is passed on once it has started, one after the ranks ended has nothing left to stop."""
     _become_subreaper()
     this_process = psutil.Process()
     requested: list[int] = []
@@ -178,15 +146,15 @@ def run_launcher(command: list[str], script: str) -> int:
 
     def stop(number: int, frame: object) -> None:
         if ended:
-            print(f"deepy.py: {signal.Signals(number).name} received after the ranks ended; nothing left to stop",
-                  file=sys.stderr, flush=True)
+            _say(f"deepy.py: {signal.Signals(number).name} received after the ranks ended; nothing left to stop")
             return
         requested.append(number)
         if launcher is not None:
             pass_on(number)
 
-    for number in STOP_SIGNALS:
+    for number in JOB_STOP_SIGNALS:
         signal.signal(number, stop)
+    kills_before = oom_kill_counts()
     # The ranks' output reaches deepy.py's through pipes (FirstRankToEnd): they are told whether a person reads it.
     environment = {ORPHAN_VARIABLE: launcher_identity(), "TOKENFORMER_STDERR_IS_A_TERMINAL": str(int(_is_a_terminal()))}
     launcher = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -206,19 +174,15 @@ def run_launcher(command: list[str], script: str) -> int:
     psutil.wait_procs(this_process.children(), timeout=RUNNERS_GRACE_SECONDS)
     _end_leftovers(this_process)
     ended = True
-    code = code if code >= 0 else 128 - code
-    first = first_to_end.wait()
+    if code < 0:
+        code = 128 - code
+    first_to_end.wait()
     if code and requested and first_to_end.code in (None, -signal.SIGTERM):
         # The stop reached ranks still starting (importing, compiling), before they could catch it and save.
         name = signal.Signals(requested[0]).name
-        print(f"deepy.py: {script} stopped at your request ({name}) while its ranks were starting, before they "
-              "could save a checkpoint", file=sys.stderr, flush=True)
+        _say(f"deepy.py: {script} stopped at your request ({name}) while its ranks were starting, before they "
+             "could save a checkpoint")
         return 128 + requested[0]
-    if code and first_to_end.code == CLUSTER_CHECK_FAILED and Path(script).name == CLUSTER_CHECK_SCRIPT:
-        print(f"deepy.py: {script} found failures (exit status {code}): the summary above names them",
-              file=sys.stderr, flush=True)
-    elif code:
-        cause = f"{first}; the errors of the other ranks follow from it" if first else (
-            "the first error printed above is the cause")
-        print(f"deepy.py: {script} failed (the launcher exited {code}); {cause}", file=sys.stderr, flush=True)
+    if code:
+        _say(_failure_line(script, code, first_to_end, kills_before))
     return code

@@ -8,6 +8,7 @@ from any config object.
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from megatron.cli import InputError
 from megatron.model.spec import slot_keys
 
 MODEL_TYPES = ("tokenformer", "transformer")
@@ -94,7 +95,7 @@ class TokenFormerArgs:
             if hasattr(cfg, field.name):
                 values[field.name] = getattr(cfg, field.name)
             elif field.default is MISSING:
-                raise ValueError(f"config has no '{field.name}', which the model needs: set it in the config")
+                raise InputError(f"config has no '{field.name}', which the model needs: set it in the config")
         if values.get("pattention_impl") == "auto":
             # A training run decides auto itself (training/pattention_choice.py); a model built for anything
             # else keeps nothing for backward, where fused is the faster one.
@@ -110,36 +111,36 @@ class TokenFormerArgs:
 
     def _validate(self) -> None:
         if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"model_type={self.model_type!r}: must be one of {MODEL_TYPES}")
+            raise InputError(f"model_type={self.model_type!r}: must be one of {MODEL_TYPES}")
         slots = slot_keys() if self.model_type == "tokenformer" else ()
         positive = ("padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads", *slots,
                     "seq_length", "max_position_embeddings", "checkpoint_num_layers")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+                raise InputError(f"{name}={value!r}: must be a positive integer")
         choices = {"pos_emb": POSITION_EMBEDDINGS, "norm": LAYER_NORMS, "final_norm": LAYER_NORMS,
                    "norm_activation_type": NORM_ACTIVATIONS, "pattention_impl": PATTENTION_IMPLS,
                    "flash_backend": FLASH_BACKENDS, "init_method": INIT_METHODS,
                    "output_layer_init_method": INIT_METHODS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be one of {allowed}")
+                raise InputError(f"{name}={getattr(self, name)!r}: must be one of {allowed}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+            raise InputError(f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                              f"{self.num_attention_heads}: choose a head count that divides it")
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be in [0, 1)")
+                raise InputError(f"{name}={getattr(self, name)!r}: must be in [0, 1)")
         if self.pos_emb == "rotary":
             if not 0.0 < self.rotary_pct <= 1.0:
-                raise ValueError(f"rotary_pct={self.rotary_pct!r}: must be in (0, 1]")
+                raise InputError(f"rotary_pct={self.rotary_pct!r}: must be in (0, 1]")
             if self.rotary_dims == 0 or self.rotary_dims % 2:
-                raise ValueError(f"rotary_pct={self.rotary_pct} gives {self.rotary_dims} rotary dims of a "
+                raise InputError(f"rotary_pct={self.rotary_pct} gives {self.rotary_dims} rotary dims of a "
                                  f"{self.head_dim}-dim head: choose rotary_pct so head_dim*rotary_pct is even and > 0")
         if self.pos_emb == "learned" and self.max_position_embeddings < self.seq_length:
-            raise ValueError(f"max_position_embeddings={self.max_position_embeddings} is below seq_length="
+            raise InputError(f"max_position_embeddings={self.max_position_embeddings} is below seq_length="
                              f"{self.seq_length}: learned positions need one row per position; raise it")
         for name in ("pattention_tau", "layernorm_epsilon", "init_method_std", "rotary_emb_base"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be positive")
+                raise InputError(f"{name}={getattr(self, name)!r}: must be positive")

@@ -3,6 +3,8 @@
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from megatron.cli import InputError
+
 
 class AbstractTokenizer(ABC):
     """Text to token ids and back, plus the ids of the end-of-document and padding tokens."""
@@ -46,5 +48,5 @@ class AbstractTokenizer(ABC):
         values = [int(i) for i in ids]
         invalid = [i for i in values if not 0 <= i < self.vocab_size]
         if invalid:
-            raise ValueError(f"{type(self).__name__} ids lie in [0, {self.vocab_size}), got {invalid[:5]}")
+            raise InputError(f"{type(self).__name__} ids lie in [0, {self.vocab_size}), got {invalid[:5]}")
         return values

@@ -2,6 +2,7 @@
 
 import os
 
+from megatron.cli import InputError
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.tokenizer.char_level_tokenizer import CharLevelTokenizer
 from megatron.tokenizer.gpt2_bpe_tokenizer import GPT2BPETokenizer
@@ -24,11 +25,11 @@ def build_tokenizer(
     """The tokenizer named ``tokenizer_type``, reading ``vocab_file`` (and ``merge_file`` for GPT2BPETokenizer)."""
     if tokenizer_type not in _NEEDED_FILES:
         supported = ", ".join(SUPPORTED_TOKENIZER_TYPES)
-        raise ValueError(f"unknown tokenizer_type {tokenizer_type!r}; supported: {supported}")
+        raise InputError(f"unknown tokenizer_type {tokenizer_type!r}; supported: {supported}")
     given = {"vocab_file": vocab_file, "merge_file": merge_file}
     for key, description in _NEEDED_FILES[tokenizer_type]:
         if not given[key]:
-            raise ValueError(f"tokenizer_type {tokenizer_type} needs {key}: the path of {description}")
+            raise InputError(f"tokenizer_type {tokenizer_type} needs {key}: the path of {description}")
         if not os.path.isfile(given[key]):
             raise FileNotFoundError(f"{key} {given[key]} not found (tokenizer_type {tokenizer_type})")
     if tokenizer_type == "HFTokenizer":
@@ -47,7 +48,7 @@ def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, model_par
     aligned shapes; the extra ids are never produced by the tokenizer.
     """
     if vocab_size <= 0 or make_vocab_size_divisible_by <= 0 or model_parallel_size <= 0:
-        raise ValueError(
+        raise InputError(
             f"vocab_size, make_vocab_size_divisible_by and model_parallel_size must be positive, "
             f"got {vocab_size}, {make_vocab_size_divisible_by}, {model_parallel_size}"
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 
+from megatron.cli import InputError
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.tokenizer.gpt2_bpe_tokenizer import GPT2BPETokenizer
 from megatron.tokenizer.hf_tokenizer import HFTokenizer
@@ -72,7 +73,7 @@ def from_sentencepiece(model_file: str | Path) -> Tokenizer:
         model = models.BPE({piece: i for i, (piece, _) in enumerate(pieces)}, _bpe_merges(pieces, mergeable),
                            unk_token=proto.pieces[spec.unk_id].piece, fuse_unk=True, byte_fallback=spec.byte_fallback)
     else:
-        raise ValueError(f"{model_file}: SentencePiece model type {spec.model_type} is neither unigram nor BPE")
+        raise InputError(f"{model_file}: SentencePiece model type {spec.model_type} is neither unigram nor BPE")
     fast = Tokenizer(model)
     steps = [normalizers.Precompiled(normalizer.precompiled_charsmap)] if normalizer.precompiled_charsmap else []
     if normalizer.remove_extra_whitespaces:

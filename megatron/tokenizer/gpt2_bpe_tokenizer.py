@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from megatron.cli import InputError
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.tokenizer.hf_tokenizer import byte_level_cut
 
@@ -21,7 +22,7 @@ class GPT2BPETokenizer(AbstractTokenizer):
         try:
             model = models.BPE.from_file(vocab_file, merge_file)
         except Exception as error:  # the Rust side raises plain Exception for unreadable files
-            raise ValueError(
+            raise InputError(
                 f"vocab_file {vocab_file} / merge_file {merge_file} are not a GPT-2 vocab.json + merges.txt: {error}"
             ) from error
         self._tokenizer = Tokenizer(model)
@@ -29,7 +30,7 @@ class GPT2BPETokenizer(AbstractTokenizer):
         self._tokenizer.decoder = decoders.ByteLevel()
         eod = self._tokenizer.token_to_id(EOD_TOKEN)
         if eod is None:
-            raise ValueError(
+            raise InputError(
                 f"vocab_file {vocab_file} has no {EOD_TOKEN} entry (GPT2BPETokenizer ends documents with it)"
             )
         self._eod = eod

@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer, pre_tokenizers
 
+from megatron.cli import InputError
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 
 EOD_TOKEN = "<|endoftext|>"
@@ -26,10 +27,10 @@ class HFTokenizer(AbstractTokenizer):
         try:
             self._tokenizer = Tokenizer.from_file(vocab_file)
         except Exception as error:  # the Rust side raises plain Exception for unreadable JSON
-            raise ValueError(f"vocab_file {vocab_file} is not a valid tokenizer.json: {error}") from error
+            raise InputError(f"vocab_file {vocab_file} is not a valid tokenizer.json: {error}") from error
         eod = self._tokenizer.token_to_id(EOD_TOKEN)
         if eod is None:
-            raise ValueError(f"vocab_file {vocab_file} has no {EOD_TOKEN} token (HFTokenizer ends documents with it)")
+            raise InputError(f"vocab_file {vocab_file} has no {EOD_TOKEN} token (HFTokenizer ends documents with it)")
         pad = self._tokenizer.token_to_id(PAD_TOKEN)
         self._eod = eod
         self._pad = eod if pad is None else pad

@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 import sentencepiece
 
+from megatron.cli import InputError
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 
 EOD_TOKEN = "<|endoftext|>"
@@ -18,12 +19,12 @@ class SPMTokenizer(AbstractTokenizer):
         try:
             self._processor.load(vocab_file)
         except (OSError, RuntimeError) as error:
-            raise ValueError(f"vocab_file {vocab_file} is not a SentencePiece model: {error}") from error
+            raise InputError(f"vocab_file {vocab_file} is not a SentencePiece model: {error}") from error
         eod = self._processor.piece_to_id(EOD_TOKEN)
         if eod == self._processor.unk_id() or self._processor.id_to_piece(eod) != EOD_TOKEN:
             eod = self._processor.eos_id()
         if eod < 0:
-            raise ValueError(
+            raise InputError(
                 f"vocab_file {vocab_file} has neither an {EOD_TOKEN} piece nor an eos id; "
                 f"SPMTokenizer ends documents with one (train with tools/train_tokenizer.py)"
             )

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from megatron.cli import InputError
+
 EOD_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|padding|>"
 SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe")
@@ -61,12 +63,12 @@ def _sentences(documents: Iterable[str]) -> Iterator[str]:
 def train_sentencepiece(documents: Iterable[str], vocab_size: int, model_type: str, output_path: str) -> None:
     """A SentencePiece ``.model`` (unigram or BPE) whose eos is ``<|endoftext|>`` and pad ``<|padding|>``."""
     if model_type not in SENTENCEPIECE_MODEL_TYPES:
-        raise ValueError(f"SentencePiece model_type must be one of {SENTENCEPIECE_MODEL_TYPES}, got {model_type!r}")
+        raise InputError(f"SentencePiece model_type must be one of {SENTENCEPIECE_MODEL_TYPES}, got {model_type!r}")
     model = io.BytesIO()
     try:
         _train_sentencepiece(documents, vocab_size, model_type, model)
     except RuntimeError as error:
-        raise ValueError(f"SentencePiece training failed (vocab_size {vocab_size}): {error}") from error
+        raise InputError(f"SentencePiece training failed (vocab_size {vocab_size}): {error}") from error
     _write_atomically(output_path, model.getvalue())
 
 

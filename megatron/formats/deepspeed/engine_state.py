@@ -23,6 +23,7 @@ from torch import Tensor
 
 from megatron.checkpoint.engine_optimizer import base_optimizer, is_partitioned, master_pairs, step_tensor
 from megatron.checkpoint.parameter_state import ParameterState
+from megatron.cli import InputError
 from megatron.formats.deepspeed.names import holds_trailing_rows
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -31,7 +32,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 def _check(module_name: str, model_name: str, state: ParameterState, param: Tensor) -> None:
     shapes = {tuple(t.shape) for t in state.tensors()}
     if shapes != {tuple(param.shape)}:
-        raise ValueError(f"{model_name} (parameter {module_name}): the checkpoint gives this rank a block of shape "
+        raise InputError(f"{model_name} (parameter {module_name}): the checkpoint gives this rank a block of shape "
                          f"{sorted(shapes)}, the model's block is {tuple(param.shape)}; load it with the config "
                          "it was written for (its config.json)")
 

@@ -31,6 +31,7 @@ from megatron.checkpoint.commit import LATEST, is_tag_name, read_latest
 from megatron.checkpoint.manifest import checkpoint_files, record_file, write_manifest
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.checkpoint.safety import torch_file_problems
+from megatron.cli import InputError
 from megatron.config import Config
 from megatron.model.pipeline import model_parameter_name
 
@@ -38,7 +39,7 @@ MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
 
 
-class CheckpointUnreadable(ValueError):
+class CheckpointUnreadable(InputError):
     """A source checkpoint that cannot be read: missing, incomplete, corrupted or not describing itself."""
 
 

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES
 from megatron.checkpoint.safety import load_checkpoint_file
+from megatron.cli import InputError
 
 _SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 
@@ -97,7 +98,7 @@ class PerParameterState:
         for mp_rank, header in enumerate(headers):
             saved, names = header["optimizer"], header.get(OPTIMIZER_PARAMETER_NAMES)
             if names is None:
-                raise ValueError(f"{where}/mp_rank_{mp_rank:02d}_model_states.pt holds ZeRO stage 0 optimizer state "
+                raise InputError(f"{where}/mp_rank_{mp_rank:02d}_model_states.pt holds ZeRO stage 0 optimizer state "
                                  "without the parameter names it is numbered by (it was saved before checkpoints "
                                  "recorded them): resume it with this version for one checkpoint save, and use that")
             torch_state = saved.get("optimizer_state_dict", saved)

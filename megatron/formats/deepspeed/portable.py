@@ -23,6 +23,7 @@ from torch import Tensor
 
 from megatron.checkpoint.parameter_state import ParameterState, as_fp32
 from megatron.checkpoint.safety import load_checkpoint_file
+from megatron.cli import InputError
 
 MARKER = "training_state.json"
 FORMAT = 1
@@ -62,7 +63,7 @@ class PortableMoments:
         except (ValueError, KeyError, TypeError):
             valid = False
         if not valid:
-            raise ValueError(f"{path} is not a valid {MARKER} (expected {{'format': {FORMAT}, 'optimizer_step': "
+            raise InputError(f"{path} is not a valid {MARKER} (expected {{'format': {FORMAT}, 'optimizer_step': "
                              "N or null}); restore the file the grow tool wrote")
         self.tag_dir, self.step = Path(tag_dir), step
 
