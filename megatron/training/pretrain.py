@@ -183,6 +183,7 @@ class Trainer:
             self.cfg.train_micro_batch_size_per_gpu,
             mpu.get_data_parallel_rank(),
             mpu.get_data_parallel_world_size(),
+            self.cfg.padded_vocab_size,
         )
 
     def evaluate(self) -> float | None:
