@@ -13,7 +13,8 @@ from megatron.config import load_config
 from megatron.data.data_utils import build_datasets_from_paths, build_train_valid_test_datasets
 from megatron.data.dataset_check import dataset_problems, stats_file_path
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
-from megatron.training.data import build_datasets
+from megatron.data.token_ids import TokenIdError
+from megatron.training.data import batch_iterator, build_datasets
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REBUILD = "re-run tools/preprocess_data.py"
@@ -111,6 +112,32 @@ def test_token_ids_past_the_padded_vocabulary_are_named(prefix):
         f"data_path = {prefix!r}: {prefix}.bin holds token ids up to 500 but the padded vocabulary has 500 rows; "
         f"use the tokenizer the data was made with (vocab_file), or re-run tools/preprocess_data.py with this one"
     ]
+
+
+def test_ids_past_the_vocabulary_that_a_stale_stats_cache_passes_are_refused_by_each_batch(tmp_path):
+    """An edit in place that keeps the .bin's size and mtime (or bit rot) leaves PREFIX.stats.json valid: the launch
+    check passed its old largest id, and the ranks embedded id 300 of a 128-row vocabulary as zeros and skipped
+    every step naming no cause. Each batch is checked on the host: the file, the document and the id are named."""
+    documents = [[1 + (3 * d + t) % 90 for t in range(10)] for d in range(12)]
+    prefix = write_dataset(str(tmp_path / "edited_text_document"), documents)
+    other = write_dataset(str(tmp_path / "other_text_document"), documents)
+    assert dataset_problems("data_path", prefix, 128) == []  # scanned and cached
+    status = os.stat(prefix + ".bin")
+    rewrite(prefix + ".bin", lambda content: content[:2 * (7 * 10 + 2)] + struct.pack("<H", 300)
+            + content[2 * (7 * 10 + 3):])  # document 7's third token
+    os.utime(prefix + ".bin", ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert dataset_problems("data_path", prefix, 128) == []  # the stale cache passes it
+    expected = (f"{prefix}.bin: document 7 holds token id 300, outside the padded vocabulary of 128 rows; the file "
+                f"changed since {prefix}.stats.json was written (it keeps its size and time), or was made with "
+                "another tokenizer: rebuild it with tools/preprocess_data.py and this run's tokenizer (vocab_file)")
+    alone = build_train_valid_test_datasets(prefix, "1,0,0", [12, 0, 0], 8, 1)[0]
+    blend = build_datasets_from_paths([other, prefix], None, None, [24, 0, 0], 8, 1, ([1, 1], None, None))[0]
+    for dataset in (alone, blend):
+        assert len(list(batch_iterator(dataset, 0, 2, 0, 1))) == len(dataset) // 2  # unchecked: read as they are
+        with pytest.raises(TokenIdError) as refused:
+            list(batch_iterator(dataset, 0, 2, 0, 1, vocab_size=128))
+        assert str(refused.value) == expected
+    assert sum(batch.numel() for batch in batch_iterator(alone, 0, 2, 0, 1, vocab_size=301)) == len(alone) * 9
 
 
 def read_stats(prefix):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import os
 import re
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from megatron.config import load_config
-from megatron.formats.consolidated import write_weights
+from megatron.formats.consolidated import record_weights, write_weights
 from megatron.formats.huggingface import CODE_FILES
 from megatron.formats.huggingface import REMOTE_CODE as HF_PACKAGE
 from megatron.inference import load_model
@@ -409,6 +410,40 @@ def test_hf_to_framework_to_hf_gives_back_every_tensor(variant, tmp_path):
     grown_dir = grow_checkpoint(tmp_path / "checkpoint", tmp_path / "grown", [target])[0]
     with torch.no_grad():
         assert relative_difference(load_model(grown_dir)(tokens), finetuned) <= TOLERANCE
+
+
+def test_a_fine_tune_saved_into_the_exported_directory_converts_and_bit_rot_is_still_refused(tmp_path, capsys):
+    """save_pretrained into the directory convert_to_hf.py wrote left its manifest.json stale, and the fine-tune
+    was refused as corrupted ("export the weights again": advice that throws it away). A file newer than the
+    manifest is now read, and the stale manifest said; a changed file that is not newer is corruption."""
+    _, export = random_export(tmp_path, VARIANTS["l2_norm_gelu-rotary-tied"])
+    convert_to_hf.main([str(export), str(tmp_path / "hf")])
+    hf = load_hf(tmp_path / "hf")
+    with torch.no_grad():
+        hf.model.word_embeddings.weight.mul_(1.5)  # the fine-tune
+    hf.save_pretrained(tmp_path / "hf")
+    capsys.readouterr()
+    convert_from_hf.main([str(tmp_path / "hf"), str(tmp_path / "checkpoint"), "--config", str(tmp_path / "run.yml")])
+    assert capsys.readouterr().err == (
+        f"warning: {tmp_path}/hf/model.safetensors was written after {tmp_path}/hf/manifest.json (by another tool, "
+        "e.g. transformers' save_pretrained), so the manifest is stale: the file is read unverified\n")
+    tokens = torch.randint(0, 257, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert relative_difference(load_model(tmp_path / "checkpoint")(tokens), hf(tokens).logits) <= TOLERANCE
+
+    weights = tmp_path / "hf" / "model.safetensors"
+    record_weights(tmp_path / "hf", [weights])  # the manifest made current; then bit rot, which keeps the time
+    written = weights.stat()
+    content = bytearray(weights.read_bytes())
+    content[-4:] = bytes(byte ^ 0xFF for byte in content[-4:])
+    weights.write_bytes(bytes(content))
+    os.utime(weights, ns=(written.st_atime_ns, written.st_mtime_ns))
+    with pytest.raises(SystemExit) as exit_:
+        convert_from_hf.main([str(tmp_path / "hf"), str(tmp_path / "again"), "--config", str(tmp_path / "run.yml")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"{tmp_path}/hf/model.safetensors does not match its SHA-256 in the manifest (corrupted): it changed since "
+        "manifest.json was written without being rewritten (it is not newer); export the weights again\n")
 
 
 def test_the_copied_model_files_import_only_torch_and_transformers(tmp_path):

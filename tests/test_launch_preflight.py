@@ -416,11 +416,14 @@ def test_a_train_iters_no_run_can_count_is_refused_before_launch_naming_the_runs
 
 
 def flip_safetensors_bytes(path: Path) -> None:
-    """Bytes in the middle of the tensors of the safetensors file `path` changed, its size and header kept."""
+    """Bytes in the middle of the tensors of the safetensors file `path` changed, its size, header and modification
+    time kept, as bit rot leaves them."""
+    written = path.stat()
     data = bytearray(path.read_bytes())
     start = 8 + struct.unpack("<Q", data[:8])[0] + (len(data) - 8 - struct.unpack("<Q", data[:8])[0]) // 2
     data[start:start + 8] = bytes(byte ^ 0xFF for byte in data[start:start + 8])
     path.write_bytes(bytes(data))
+    os.utime(path, ns=(written.st_atime_ns, written.st_mtime_ns))
 
 
 @pytest.mark.parametrize("export", ["export_checkpoint", "convert_to_hf"])
@@ -439,8 +442,8 @@ def test_an_export_whose_weights_have_bytes_flipped_is_refused_in_one_line(run, 
         export_checkpoint.main([str(exported), str(tmp_path / "again"), "--config", str(TINY)])
     [line] = capsys.readouterr().err.splitlines()
     assert exit_.value.code == 2 and line.endswith(
-        f"{exported}/model.safetensors does not match its SHA-256 in the manifest (corrupted); export the weights "
-        "again"), line
+        f"{exported}/model.safetensors does not match its SHA-256 in the manifest (corrupted): it changed since "
+        "manifest.json was written without being rewritten (it is not newer); export the weights again"), line
 
 
 def test_an_eval_task_no_task_file_names_is_refused_before_lm_eval_builds_its_index(monkeypatch):

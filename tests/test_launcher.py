@@ -196,3 +196,25 @@ def test_a_cuda_rank_uses_expandable_segments_unless_told_otherwise(device, envi
     from megatron.runtime.entry import allocator_settings
 
     assert allocator_settings(device, environment) == expected
+
+
+def test_a_rank_ends_on_too_many_non_finite_steps_or_an_id_outside_the_vocabulary_in_one_line(capsys):
+    """NonFiniteTrainingError, which every rank raises alike, ended each rank in a 9-line traceback; a token id
+    outside the vocabulary, which only the ranks that read it find, is one line naming the rank. Any other error
+    keeps its traceback."""
+    from megatron.data.token_ids import TokenIdError
+    from megatron.runtime.entry import reported
+    from megatron.training.numerics import NonFiniteTrainingError
+
+    stop = "stopping at iteration 8: 3 steps in a row had a non-finite loss or gradient norm (max_skipped_steps=3)"
+    assert reported(NonFiniteTrainingError(stop)) == 2
+    assert capsys.readouterr().err == f"error: {stop}\n"
+    data = "/data/x.bin: document 7 holds token id 300, outside the padded vocabulary of 128 rows"
+    assert reported(TokenIdError(data)) == 1
+    assert capsys.readouterr().err == f"error (rank 0): {data}\n"
+    try:
+        raise KeyError("a bug")
+    except KeyError as error:
+        assert reported(error) == 1
+    printed = capsys.readouterr().err
+    assert printed.startswith("Traceback (most recent call last):") and printed.endswith("KeyError: 'a bug'\n")

@@ -127,10 +127,10 @@ def config(*overrides: str, world_size: int = 1):
 
 
 def test_the_lean_step_is_taken_on_one_data_parallel_rank_and_stage_in_fp32_or_bf16():
-    assert lean_step_problem(config(), 1) is None
-    assert lean_step_problem(config("pipe_parallel_size=1", "bf16={enabled: true}"), 1) is None
-    assert lean_step_problem(config("zero_optimization={stage: 0}"), 1) is None
-    assert lean_step_problem(config("model_parallel_size=2", world_size=2), 1) is None
+    assert lean_step_problem(config(), 1, "cpu") is None
+    assert lean_step_problem(config("pipe_parallel_size=1", "bf16={enabled: true}"), 1, "cuda") is None
+    assert lean_step_problem(config("zero_optimization={stage: 0}"), 1, "cpu") is None
+    assert lean_step_problem(config("model_parallel_size=2", world_size=2), 1, "cpu") is None
     refused = {
         "lean_step is false": config("lean_step=false"),
         "2 data-parallel ranks": config(world_size=2),
@@ -143,5 +143,13 @@ def test_the_lean_step_is_taken_on_one_data_parallel_rank_and_stage_in_fp32_or_b
     for reason, refused_config in refused.items():
         data_parallel = refused_config.world_size // refused_config.model_parallel_size // max(
             1, refused_config.pipe_parallel_size)
-        problem = lean_step_problem(refused_config, data_parallel)
+        problem = lean_step_problem(refused_config, data_parallel, "cpu")
         assert problem is not None and reason in problem, (reason, problem)
+
+
+@pytest.mark.parametrize("device_type", ["hpu", "npu", "mlu"])
+def test_a_device_without_torchs_fused_adamw_takes_deepspeeds_step(device_type):
+    """There the optimizer is built with fused=None and LeanStep refused it: the run chose the lean step and
+    then failed, rather than taking DeepSpeed's."""
+    assert lean_step_problem(config(), 1, device_type) == (
+        f"torch has no fused AdamW on {device_type}, which the lean step needs to skip a step on the device")

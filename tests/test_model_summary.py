@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
@@ -42,6 +44,27 @@ def test_released_sizes_match_their_names(capsys, config, nominal):
 def test_vocab_size_flag_sets_the_embedding_rows(capsys):
     summary = run_tool(capsys, REPO / "configs" / "150M.yml", "--json", "--vocab-size", 1000)
     assert summary["embedding"] == 1000 * 768
+
+
+def test_the_vocabulary_is_the_config_tokenizers_padded_as_a_run_pads_it(capsys, tmp_path):
+    """The demo model was counted with a 50,304-row embedding (7.5M parameters where it has 2.1M) whatever its
+    tokenizer, and the tool did not say which vocabulary it assumed."""
+    tokens = ["<|endoftext|>", *(f"t{i}" for i in range(299))]
+    tokenizer = Tokenizer(WordLevel({token: i for i, token in enumerate(tokens)}, unk_token="<|endoftext|>"))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    demo = REPO / "configs" / "demo.yml"
+    load_tool().main([str(demo), f"vocab_file={tmp_path / 'tokenizer.json'}", "--json"])
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["embedding"] == 384 * 128  # 300 tokens padded to a multiple of 128, width 128
+    assert "assuming" not in printed.err
+
+    load_tool().main([str(demo), f"vocab_file={tmp_path / 'missing.json'}", "--json"])
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["embedding"] == 50304 * 128
+    assert printed.err.endswith(
+        f"model_summary.py: vocab_file {tmp_path / 'missing.json'} not found (tokenizer_type HFTokenizer): assuming a "
+        "vocabulary of 50304 rows (GPT-NeoX-20B's, padded); give --vocab-size N or the tokenizer's file for the "
+        "config's\n")
 
 
 def tiny_args(**overrides) -> TokenFormerArgs:

@@ -481,16 +481,19 @@ def test_an_optimizer_built_before_grow_trains_the_new_tokens_or_is_refused_with
     torch.optim.SGD(layer.parameters(), lr=1e-2, momentum=0.9).step()  # a new optimizer steps
 
 
-def test_the_layer_takes_a_dtype_and_refuses_a_scale_that_is_not_finite():
+def test_the_layer_takes_a_dtype_and_refuses_a_scale_that_is_not_positive_and_finite():
+    """tau=0.0 was accepted: every score 0, a layer that can never learn (pattention_tau refuses it)."""
     layer = Pattention(8, 6, 10, dtype=torch.bfloat16)
     assert layer.key_param_tokens.dtype == layer.value_param_tokens.dtype == torch.bfloat16
     assert layer.norm_token_count.dtype == torch.int64 and layer(torch.randn(2, 8, dtype=torch.bfloat16)).isfinite().all()
     assert Pattention(8, 6, 10, dtype=torch.float64, device="meta").key_param_tokens.dtype == torch.float64
-    for tau in (float("nan"), float("inf")):
+    for tau in (float("nan"), float("inf"), 0.0, -1.0):
         with pytest.raises(ValueError) as error:
             Pattention(8, 6, 10, tau=tau)
-        assert str(error.value) == f"Pattention(tau={tau!r}): must be a finite number (the score scale)"
-    with pytest.raises(TypeError, match=r"Pattention\(tau='1'\): must be a finite number \(the score scale\), not a str"):
+        assert str(error.value) == f"Pattention(tau={tau!r}): must be a positive finite number (the score scale)"
+    assert Pattention(8, 6, 10, tau=1e-3).tau == 1e-3
+    with pytest.raises(TypeError, match=r"Pattention\(tau='1'\): must be a positive finite number \(the score "
+                                        r"scale\), not a str"):
         Pattention(8, 6, 10, tau="1")
     with pytest.raises(TypeError, match=r"Pattention\(dtype=torch.int64\): must be a floating-point torch.dtype"):
         Pattention(8, 6, 10, dtype=torch.int64)

@@ -21,7 +21,7 @@ from megatron.checkpoint.manifest import checkpoint_files, content_digest, recor
 from megatron.progressive.lineage_check import changed_stage_lines, check_unchanged, prepare_stages
 from megatron.progressive.local import clear_incomplete_growth
 from megatron.progressive.plan import PlanError, read_plan
-from megatron.progressive.progress import pending_steps
+from megatron.progressive.progress import pending_steps, publish_final
 from megatron.progressive.stage_config import resolve_plan
 from tests.conftest import REPO
 from tests.test_progressive_scaling import (
@@ -85,9 +85,11 @@ def test_a_shared_config_edit_refuses_started_stages_and_their_step_jobs(finishe
             "continue the stage, or run again with --redo-changed to redo it and the stage(s) grown from it (s2): "
             f"their directories are moved to {tmp_path}/edited/work/replaced/") in refused.stderr
     assert not (tmp_path / "edited" / "work" / "replaced").exists()
-    for view in ("--status", "--dry-run"):  # both say so, and change nothing
+    for view in ("--status", "--dry-run"):  # both say so, and change nothing; the dry run refuses as the run does
         shown = driver(plan, view)
-        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert shown.returncode == (2 if view == "--dry-run" else 0), shown.stdout + shown.stderr
+        if view == "--dry-run":  # the run's last line, its refusal (DeepSpeed's timestamped log lines before it)
+            assert shown.stderr.splitlines()[-1] == refused.stderr.splitlines()[-1]
         for stage in ("s1", "s2"):
             assert (f"{stage}: changed since it was pinned: config.weight_decay: recorded 0.1, now 0.01 (a run "
                     f"refuses; --redo-changed redoes it and the stages after it)") in shown.stdout, (view, shown.stdout)
@@ -216,6 +218,54 @@ def test_a_finished_predecessor_deleted_after_the_growth_neither_blocks_nor_is_r
     assert prepare_stages(plan, resolve_plan(plan), adopt=True)[0].startswith("s2: pinned as the plan")
     assert lineage(tmp_path / "work", "s2")["source_sha256"] == read_growth_record(
         tmp_path / "work" / "s2" / "checkpoints" / "global_step0")["source_sha256"]
+
+
+def completed(plan) -> None:
+    """grown_plan's s2 trained to its end and work_dir/final published: a plan a run finds complete."""
+    committed(plan.checkpoints(plan.stages[1]), 6, b"s2 trained")
+    publish_final(plan)
+
+
+def test_a_dry_run_refuses_a_changed_plan_as_the_run_does(demo_data, tmp_path, capsys):
+    """After an edit to a complete plan the dry run ended "nothing to do: the plan is complete" with rc 0, where the
+    run refuses with rc 2: it now makes the run's checks and gives its verdict, with its message."""
+    from tools.progressive_scaling import main
+
+    plan = grown_plan(demo_data, tmp_path)
+    completed(plan)
+    assert main([str(plan.path), "--dry-run"]) == 0
+    assert "nothing to do: the plan is complete" in capsys.readouterr().out
+    shared = plan.configs[-1]
+    shared.write_text(yaml.safe_dump({**yaml.safe_load(shared.read_text()), "weight_decay": 0.01}))
+    with pytest.raises(PlanError) as refused:
+        prepare_stages(plan, resolve_plan(plan))
+    assert main([str(plan.path), "--dry-run"]) == 2
+    printed = capsys.readouterr()
+    assert printed.err == f"progressive_scaling.py: error: {refused.value}\n"
+    assert "s1: changed since it was pinned: config.weight_decay: recorded 0.1, now 0.01" in printed.out
+    assert "nothing to do" not in printed.out
+
+    (tmp_path / "work" / "s1" / "lineage.json").unlink()
+    with pytest.raises(PlanError) as refused:
+        prepare_stages(plan, resolve_plan(plan), adopt=True)  # s1 adoptable, s2 still changed
+    assert main([str(plan.path), "--dry-run", "--adopt-unpinned"]) == 2
+    assert capsys.readouterr().err == f"progressive_scaling.py: error: {refused.value}\n"
+    assert not (tmp_path / "work" / "s1" / "lineage.json").exists()  # the refusal came before any adoption
+
+
+def test_status_calls_a_predecessor_deleted_after_the_growth_done_as_the_run_does(demo_data, tmp_path, capsys):
+    """--status called s1 "not started" once its checkpoints were deleted after s2 grew from them, while the run
+    counts it done and does not retrain it."""
+    from tools.progressive_scaling import main
+
+    plan = grown_plan(demo_data, tmp_path)
+    shutil.rmtree(plan.checkpoints(plan.stages[0]))
+    assert [(step.kind, step.stage.name) for step in pending_steps(plan, resolve_plan(plan))] == [
+        ("evaluate", "s2"), ("train", "s2"), ("finish", "s2")]
+    assert main([str(plan.path), "--status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "s1  done: iteration 4/4 (its final checkpoint deleted after s2 grew from it)"
+    assert lines[1] == "s2  grown, not trained yet: iteration 0/6"
 
 
 def test_a_dry_run_with_redo_changed_lists_the_stages_it_would_redo_and_their_steps(demo_data, tmp_path, capsys):

@@ -10,7 +10,8 @@ Later config files override earlier ones, and `key=value` arguments single keys 
 (a missing file, a bad key or value) is one line on stderr and exit status 2. The model is built on the meta
 device, so even the largest
 configs take no memory. Configs normally leave padded_vocab_size unset (the tokenizer sets it when a run
-starts); the default here is GPT-NeoX-20B's 50277 tokens padded to a multiple of 128.
+starts): the vocabulary is then the config's tokenizer's, padded as a run pads it; where the tokenizer cannot be
+read, GPT-NeoX-20B's 50277 tokens padded to a multiple of 128, said on stderr with the reason.
 """
 
 import argparse
@@ -21,7 +22,8 @@ import sys
 from collections.abc import Sequence
 
 from megatron.cli import one_line_errors, positive_int
-from megatron.config import load_config
+from megatron.config import Config, load_config
+from megatron.growth.plan import padded_vocabulary
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.parameter_count import count_parameters_by_component
 
@@ -54,6 +56,17 @@ def dense_counterparts(args: TokenFormerArgs) -> dict[str, int]:
             "dense_equal_params_num_attention_heads": heads, "dense_equal_params": dense_total(heads)}
 
 
+def vocabulary_rows(cfg: Config) -> int:
+    """The embedding's row count a run of `cfg` would have; where its tokenizer cannot be read, the default,
+    with the size and the reason on stderr (a count of the wrong vocabulary would pass as the model's)."""
+    try:
+        return padded_vocabulary(cfg)
+    except (OSError, ValueError) as error:
+        print(f"model_summary.py: {error}: assuming a vocabulary of {DEFAULT_PADDED_VOCAB_SIZE} rows (GPT-NeoX-20B's, "
+              "padded); give --vocab-size N or the tokenizer's file for the config's", file=sys.stderr)
+        return DEFAULT_PADDED_VOCAB_SIZE
+
+
 def _print_table(summary: dict[str, int]) -> None:
     for name, value in summary.items():
         if name == "flops_per_token":
@@ -74,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("configs", nargs="+", help="YAML config files, later ones override earlier ones, and "
                         "key=value overrides")
     parser.add_argument("--vocab-size", type=positive_int, default=None,
-                        help=f"padded vocabulary size (default: the config's, else {DEFAULT_PADDED_VOCAB_SIZE})")
+                        help="padded vocabulary size (default: the config's tokenizer's, padded as a run pads it, else "
+                        f"{DEFAULT_PADDED_VOCAB_SIZE})")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     options = parser.parse_args(argv)
     files = [argument for argument in options.configs if "=" not in argument]
@@ -84,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed, imported by config checks, logs to stdout
         cfg = load_config(files, overrides)
-    vocab_size = options.vocab_size or cfg.padded_vocab_size or DEFAULT_PADDED_VOCAB_SIZE
+    vocab_size = options.vocab_size or vocabulary_rows(cfg)
     args = TokenFormerArgs.from_config(cfg, padded_vocab_size=vocab_size)
     summary = summarize(args)
     if args.model_type == "tokenformer":

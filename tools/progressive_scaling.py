@@ -45,7 +45,7 @@ from megatron.progressive.lineage_check import (
     REPLACED,
     changed_stage_lines,
     prepare_stages,
-    stages_to_redo,
+    verdict,
 )
 from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
 from megatron.progressive.plan import Plan, read_plan
@@ -107,6 +107,26 @@ def submit(plan: Plan, resolved: list[ResolvedStage], args: argparse.Namespace) 
     return 0
 
 
+def dry_run(plan: Plan, resolved: list[ResolvedStage], args: argparse.Namespace) -> None:
+    """Print the stages, their costs and the steps a run would do, after the checks the run makes first: where
+    it would refuse (a started stage changed or not pinned, a chain's jobs still queued), PlanError as it would."""
+    mode = "a SLURM job chain" if args.slurm else "this machine"
+    print(f"plan {plan.path}: {len(resolved)} stages in {plan.work_dir}, on {mode}\n")
+    print("\n".join(stage_table(resolved)))
+    changed = changed_stage_lines(plan, resolved)
+    if changed:
+        print("\n" + "\n".join(changed))
+    if args.slurm:
+        refuse_active_jobs(plan)
+    redone = verdict(plan, resolved, args.redo_changed, args.adopt_unpinned).redone
+    steps = pending_steps(plan, resolved, {stage.name for stage in redone})
+    if redone:
+        print(f"\nwith {REDO_FLAG}: {', '.join(stage.name for stage in redone)} redone from scratch (their "
+              f"directories moved to {plan.work_dir / REPLACED}/)")
+    print("\nsteps to do:" if steps else "\nnothing to do: the plan is complete")
+    print("\n".join(f"  {line}" for line in step_commands(plan, resolved, steps, args.slurm, args.sbatch_option)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -118,20 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(status_lines(plan, resolved)))
             return 0
         if args.dry_run:
-            redone = stages_to_redo(plan, resolved) if args.redo_changed else []
-            steps = pending_steps(plan, resolved, {stage.name for stage in redone})
-            mode = "a SLURM job chain" if args.slurm else "this machine"
-            print(f"plan {plan.path}: {len(resolved)} stages in {plan.work_dir}, on {mode}\n")
-            print("\n".join(stage_table(resolved)))
-            changed = changed_stage_lines(plan, resolved)
-            if changed:
-                print("\n" + "\n".join(changed))
-            if redone:
-                print(f"\nwith {REDO_FLAG}: {', '.join(stage.name for stage in redone)} redone from scratch (their "
-                      f"directories moved to {plan.work_dir / REPLACED}/)")
-            print("\nsteps to do:" if steps else "\nnothing to do: the plan is complete")
-            print("\n".join(f"  {line}" for line in step_commands(plan, resolved, steps, args.slurm,
-                                                                  args.sbatch_option)))
+            dry_run(plan, resolved, args)
             return 0
         if args.slurm:
             return submit(plan, resolved, args)

@@ -240,7 +240,8 @@ _TRAINING = (
         "schedule, the gradient norm and clipping as multi-tensor operations in fp32 on the device, one read of "
         "the loss and norm a step (megatron/training/lean_step.py). The same update and checkpoint files as "
         "DeepSpeed's step (the clipping factor can differ in its last bits: DeepSpeed accumulates the norm in "
-        "float64); any other layout or precision takes DeepSpeed's step. false: always DeepSpeed's step."),
+        "float64); any other layout or precision, or a device without torch's fused AdamW (hpu, npu, mlu), takes "
+        "DeepSpeed's step. false: always DeepSpeed's step."),
     Key("partition_activations", bool, False, "training", "Split checkpointed activations across model-parallel ranks.",
         inactive="activation partitioning across model-parallel ranks is not implemented"),
     Key("synchronize_each_layer", bool, False, "training", "Device synchronisation around each checkpointed layer.",

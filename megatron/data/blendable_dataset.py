@@ -67,7 +67,11 @@ class BlendableDataset(torch.utils.data.Dataset):
         return len(self.dataset_index)
 
     def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
+        dataset, sample = self.source(idx)
+        return dataset[sample]
+
+    def source(self, idx: int) -> tuple[torch.utils.data.Dataset, int]:
+        """The dataset sample `idx` of the blend is drawn from, and its index there."""
         if not -len(self) <= idx < len(self):
             raise IndexError(f"sample {idx} out of range for the {self.name} blend of {len(self)} samples")
-        dataset = self.datasets[int(self.dataset_index[idx])]
-        return dataset[int(self.dataset_sample_index[idx])]
+        return self.datasets[int(self.dataset_index[idx])], int(self.dataset_sample_index[idx])

@@ -15,7 +15,7 @@ import torch
 
 from megatron.cli import InputError
 from megatron.data.index_cache import load_or_build
-from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path
 from megatron.data.sample_index import (
     build_doc_idx,
     build_sample_idx,
@@ -70,6 +70,13 @@ class GPT2Dataset(torch.utils.data.Dataset):
         return len(self.shuffle_idx)
 
     def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
+        pieces = self.pieces(idx)
+        tokens = pieces[0][1] if len(pieces) == 1 else np.concatenate([tokens for _, tokens in pieces])
+        return {"text": tokens.astype(np.int64)}
+
+    def pieces(self, idx: int) -> list[tuple[int, np.ndarray]]:
+        """Sample `idx` as the (document, its tokens in the sample) it is cut from, in order: where each token
+        came from, for an error about it."""
         if not -len(self) <= idx < len(self):
             raise IndexError(f"sample {idx} out of range for the {self.name} dataset of {len(self)} samples")
         sample = int(self.shuffle_idx[idx])
@@ -77,13 +84,18 @@ class GPT2Dataset(torch.utils.data.Dataset):
         last, last_offset = (int(v) for v in self.sample_idx[sample + 1])
         read = self.indexed_dataset.get
         if first == last:
-            tokens = read(self.doc_idx[first], first_offset, last_offset - first_offset + 1)
-        else:
-            parts = [read(self.doc_idx[first], first_offset)]
-            parts += [read(self.doc_idx[position]) for position in range(first + 1, last)]
-            parts.append(read(self.doc_idx[last], 0, last_offset + 1))
-            tokens = np.concatenate(parts)
-        return {"text": tokens.astype(np.int64)}
+            document = int(self.doc_idx[first])
+            return [(document, read(document, first_offset, last_offset - first_offset + 1))]
+        documents = [int(document) for document in self.doc_idx[first:last + 1]]
+        pieces = [(documents[0], read(documents[0], first_offset))]
+        pieces += [(document, read(document)) for document in documents[1:-1]]
+        pieces.append((documents[-1], read(documents[-1], 0, last_offset + 1)))
+        return pieces
+
+    @property
+    def data_file(self) -> str:
+        """The .bin file the samples are read from."""
+        return data_file_path(self.indexed_dataset.prefix)
 
 
 def index_cache_paths(

@@ -7,20 +7,22 @@ CheckpointUnreadable naming it and why. Each weights file may have its resolved
 config beside it as `config.json` (the JSON `Config.to_json()` writes, also saved in every checkpoint).
 The weights files this framework writes (exports, Hugging Face directories) get a `manifest.json` beside them,
 as a checkpoint has (megatron/checkpoint/manifest.py): a file it lists is read only if it still has the size
-and SHA-256 recorded, since flipped bytes in a tensor would load without a word.
+and SHA-256 recorded, since flipped bytes in a tensor would load without a word, or was rewritten after the
+manifest (a fine-tune saved into the directory), which is said.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from megatron.checkpoint.manifest import file_problems, read_manifest, record_file, write_manifest
+from megatron.checkpoint.manifest import MANIFEST, file_problems, read_manifest, record_file, write_manifest
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.cli import InputError
 from megatron.config import Config, load_config
@@ -41,14 +43,25 @@ def record_weights(directory: Path, files: list[Path]) -> None:
 
 
 def _verify(path: Path) -> None:
-    """CheckpointUnreadable if the manifest beside `path` records it with another size or SHA-256."""
+    """CheckpointUnreadable if the manifest beside `path` records it with another size or SHA-256 and the file is
+    not newer than the manifest: it changed without being rewritten (bit rot, an edit in place that kept its
+    time). A file newer than the manifest was rewritten by another tool (transformers' save_pretrained into the
+    exported directory): the manifest is stale, so the file is read unverified, and said so."""
     try:
         records = {record.name: record for record in read_manifest(path.parent) or ()}
     except ValueError as error:
         raise CheckpointUnreadable(f"{error}; export the weights again") from None
-    if path.name in records:
-        for problem in file_problems(path.parent, records[path.name]):
-            raise CheckpointUnreadable(f"{path.parent}/{problem}; export the weights again")
+    if path.name not in records:
+        return
+    problems = file_problems(path.parent, records[path.name])
+    if not problems:
+        return
+    if path.stat().st_mtime_ns > (path.parent / MANIFEST).stat().st_mtime_ns:
+        print(f"warning: {path} was written after {path.parent / MANIFEST} (by another tool, e.g. transformers' "
+              "save_pretrained), so the manifest is stale: the file is read unverified", file=sys.stderr, flush=True)
+        return
+    raise CheckpointUnreadable(f"{path.parent}/{problems[0]}: it changed since {MANIFEST} was written without "
+                               "being rewritten (it is not newer); export the weights again")
 
 
 def _read_one(path: Path) -> dict[str, Tensor]:

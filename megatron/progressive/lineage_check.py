@@ -15,10 +15,12 @@ stages must still resolve to their lineage: a config file edited meanwhile stops
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from megatron.progressive.lineage import (
+    current_lineage,
     defaulted_keys,
     describe_changes,
     lineage_changes,
@@ -96,24 +98,37 @@ def changed_stage_lines(plan: Plan, resolved: list[ResolvedStage]) -> list[str]:
               "redoes it and the stages after it)" for stage, changes in _changed_started(plan, resolved))]
 
 
-def _redo(plan: Plan, stage: Stage) -> list[str]:
-    """Move the directories of `stage` and of the stages after it aside; one line each."""
-    return [f"{moved.name}: redone from scratch; its earlier directory is now {_move_aside(plan, moved)}"
-            for moved in (stage, *_stages_after(plan, stage))]
+def _redo(plan: Plan, stages: list[Stage]) -> list[str]:
+    """Move the directories of `stages` aside; one line each."""
+    said = []
+    for stage in stages:
+        said.append(f"{stage.name}: redone from scratch; its earlier directory is now {_move_aside(plan, stage)}")
+    return said
 
 
 def _adopt(plan: Plan, resolved: list[ResolvedStage], stage: Stage, reason: str) -> str:
     """Pin a started stage as the plan gives it now; what was done, in one line."""
     record_lineage(plan, resolved, stage)
-    if unpinned_reason(plan, stage):  # a grown stage whose source checkpoint is gone
-        raise plan.error(f"{stage.where()} cannot be pinned: the checkpoint it grew from is not in "
-                         f"{plan.checkpoints(plan.previous(stage))}; run with {REDO_FLAG} to redo it")
     return f"{stage.name}: pinned as the plan and its config files give it now ({ADOPT_FLAG}); {reason}"
 
 
-def _first_refusal(plan: Plan, resolved: list[ResolvedStage]) -> tuple[Stage, str] | None:
-    """The first started stage, in plan order, that its lineage does not pin or whose lineage changed, and why."""
+def _adoptable(plan: Plan, resolved: list[ResolvedStage]) -> list[tuple[Stage, str]]:
+    """(stage, why) for every started stage its lineage does not pin, which --adopt-unpinned pins; PlanError for
+    a grown one whose source checkpoint is gone (nothing would pin it by content)."""
+    unpinned = _unpinned_started(plan)
+    for stage, _ in unpinned:
+        if plan.previous(stage) is not None and not current_lineage(plan, resolved, stage)["source_sha256"]:
+            raise plan.error(f"{stage.where()} cannot be pinned: the checkpoint it grew from is not in "
+                             f"{plan.checkpoints(plan.previous(stage))}; run with {REDO_FLAG} to redo it")
+    return unpinned
+
+
+def _first_refusal(plan: Plan, resolved: list[ResolvedStage], adopted: set[str]) -> tuple[Stage, str] | None:
+    """The first started stage, in plan order, that its lineage does not pin or whose lineage changed, and why;
+    the stages named in `adopted` are pinned as the plan gives them now, so neither."""
     for stage in filter(partial(_started, plan), plan.stages):
+        if stage.name in adopted:
+            continue
         reason = unpinned_reason(plan, stage)
         if reason:
             return stage, _unpinned_refusal(plan, stage, reason)
@@ -123,25 +138,35 @@ def _first_refusal(plan: Plan, resolved: list[ResolvedStage]) -> tuple[Stage, st
     return None
 
 
-def stages_to_redo(plan: Plan, resolved: list[ResolvedStage]) -> list[Stage]:
-    """The stages --redo-changed would redo now (the first started stage not pinned or changed, and the stages
-    after it that have a directory), without doing anything: what --dry-run --redo-changed lists."""
-    refusal = _first_refusal(plan, resolved)
-    return [] if refusal is None else [refusal[0], *_stages_after(plan, refusal[0])]
+@dataclass(frozen=True)
+class Verdict:
+    """What a run does with the started stages before anything else: pin `adopted`, redo `redone` (the first
+    stage refused, and the stages after it that have a directory)."""
+
+    adopted: list[tuple[Stage, str]]
+    redone: list[Stage]
 
 
-def refuse_or_redo(plan: Plan, resolved: list[ResolvedStage], redo: bool, adopt: bool = False) -> list[str]:
-    """With `adopt`, pin every started stage its lineage does not pin as the plan gives it now; then PlanError for
-    the first started stage that is not pinned or whose lineage changed, or with `redo` that stage's directory and
-    those of the stages after it moved aside instead. What was done, one line each."""
-    said = [_adopt(plan, resolved, stage, reason) for stage, reason in _unpinned_started(plan)] if adopt else []
-    refusal = _first_refusal(plan, resolved)
+def verdict(plan: Plan, resolved: list[ResolvedStage], redo: bool, adopt: bool) -> Verdict:
+    """The run's verdict on the started stages, doing nothing: PlanError where it refuses. The run acts on it and
+    --dry-run shows it, so both refuse alike."""
+    adopted = _adoptable(plan, resolved) if adopt else []
+    refusal = _first_refusal(plan, resolved, {stage.name for stage, _ in adopted})
     if refusal is None:
-        return said
+        return Verdict(adopted, [])
     stage, why = refusal
     if not redo:
         raise plan.error(why)
-    return said + _redo(plan, stage)
+    return Verdict(adopted, [stage, *_stages_after(plan, stage)])
+
+
+def refuse_or_redo(plan: Plan, resolved: list[ResolvedStage], redo: bool, adopt: bool = False) -> list[str]:
+    """Act on the verdict: with `adopt`, pin every started stage its lineage does not pin as the plan gives it
+    now; with `redo`, move the first refused stage's directory and those of the stages after it aside. PlanError,
+    before anything is done, where the run refuses. What was done, one line each."""
+    decided = verdict(plan, resolved, redo, adopt)
+    said = [_adopt(plan, resolved, stage, reason) for stage, reason in decided.adopted]
+    return said + _redo(plan, decided.redone)
 
 
 def prepare_stages(plan: Plan, resolved: list[ResolvedStage], redo: bool = False, adopt: bool = False) -> list[str]:

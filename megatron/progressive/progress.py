@@ -100,6 +100,19 @@ def _started_after_incomplete(plan: Plan, stage: Stage, incomplete: Stage) -> st
             "of the stages after it) to redo them")
 
 
+def stage_iteration(plan: Plan, resolved: list[ResolvedStage], stage: Stage,
+                    redone: Collection[str] = ()) -> int | None:
+    """How far `stage` got: its newest usable checkpoint's iteration; its train_iters (done) where its final
+    checkpoint was deleted after the next stage grew from it; None where it has not started. The stages named in
+    `redone` count as not started. The one judge of a stage's progress, for the run and --status alike."""
+    if stage.name in redone:
+        return None
+    following = plan.stages[stage.index + 1] if stage.index + 1 < len(plan.stages) else None
+    if following is not None and following.name not in redone and superseded(plan, resolved, stage):
+        return resolved[stage.index].config.train_iters
+    return checkpoint_iteration(plan.checkpoints(stage))
+
+
 def pending_steps(plan: Plan, resolved: list[ResolvedStage], redone: Collection[str] = ()) -> list[Step]:
     """The steps still to do, in order; [] when the plan is complete and work_dir/final published. The stages
     named in `redone` count as not started (what a redo would leave of them)."""
@@ -107,10 +120,7 @@ def pending_steps(plan: Plan, resolved: list[ResolvedStage], redone: Collection[
     incomplete: Stage | None = None
     for entry in resolved:
         stage = entry.stage
-        iteration = None if stage.name in redone else checkpoint_iteration(plan.checkpoints(stage))
-        if stage.index + 1 < len(resolved) and plan.stages[stage.index + 1].name not in redone and superseded(
-                plan, resolved, stage):
-            iteration = entry.config.train_iters
+        iteration = stage_iteration(plan, resolved, stage, redone)
         if incomplete is not None and iteration is not None:
             raise plan.error(_started_after_incomplete(plan, stage, incomplete))
         if stage.index and iteration is None:

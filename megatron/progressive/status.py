@@ -5,18 +5,26 @@ from __future__ import annotations
 
 from megatron.progressive.lineage_check import changed_stage_lines
 from megatron.progressive.plan import Plan
-from megatron.progressive.progress import checkpoint_iteration, final_is_published, growth_validation, last_validation
+from megatron.progressive.progress import (
+    checkpoint_iteration,
+    final_is_published,
+    growth_validation,
+    last_validation,
+    stage_iteration,
+)
 from megatron.progressive.slurm import job_state, submitted_jobs
 from megatron.progressive.stage_config import ResolvedStage
 
 
-def _progress(plan: Plan, entry: ResolvedStage) -> str:
+def _progress(plan: Plan, resolved: list[ResolvedStage], entry: ResolvedStage) -> str:
     stage, total = entry.stage, entry.config.train_iters
-    iteration = checkpoint_iteration(plan.checkpoints(stage))
+    iteration = stage_iteration(plan, resolved, stage)
     if iteration is None:
         return "not grown yet" if stage.index else "not started"
     state = "done" if iteration >= total else ("grown, not trained yet" if iteration == 0 else "training")
     text = f"{state}: iteration {iteration}/{total}"
+    if iteration != checkpoint_iteration(plan.checkpoints(stage)):
+        text += f" (its final checkpoint deleted after {plan.stages[stage.index + 1].name} grew from it)"
     loss = last_validation(plan, stage)
     if loss is not None and iteration:
         text += f", last validation loss {loss:.4f}"
@@ -43,7 +51,8 @@ def status_lines(plan: Plan, resolved: list[ResolvedStage]) -> list[str]:
     lines = []
     for entry in resolved:
         jobs = _jobs(plan, entry.stage.name, records)
-        lines.append(f"{entry.stage.name:<{width}}  {_progress(plan, entry)}" + (f" | {jobs}" if jobs else ""))
+        progress = _progress(plan, resolved, entry)
+        lines.append(f"{entry.stage.name:<{width}}  {progress}" + (f" | {jobs}" if jobs else ""))
     final = f"{plan.final} -> {plan.final.resolve()}" if final_is_published(plan) else "not published yet"
     lines.append(f"{'final':<{width}}  {final}")
     return lines + changed_stage_lines(plan, resolved)

@@ -18,10 +18,12 @@ from deepspeed.accelerator import get_accelerator
 from megatron.checkpoint.commit import CheckpointWriteError
 from megatron.config import Config, ConfigError
 from megatron.config.argument import decode_config
+from megatron.data.token_ids import TokenIdError
 from megatron.formats.deepspeed.reader import CheckpointUnreadable
 from megatron.host.build_locks import hold_build_claim
 from megatron.host.extension_cache import use_environment_cache
 from megatron.host.orphan_watch import watch_launcher
+from megatron.runtime.agreed_error import AgreedError
 from megatron.runtime.collectives import is_output_rank
 from megatron.runtime.process_group import leave_process_group
 from megatron.runtime.settings import RuntimeSettings
@@ -83,10 +85,11 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     """A rank's entry point (train.py, generate.py, eval.py, cluster_check.py): `main` on the config deepy.py
     passed, then the process group left and the process ended; an int `main` returns is the exit status (the
     cluster check's 3 when a section failed). An error every rank raises alike (a ConfigError, a damaged
-    checkpoint: decided on shared files, or broadcast) is printed once, by rank 0, and exits 2: one message,
-    not one traceback per rank. A failed save, which may hit some ranks only, is printed by each rank it hit,
-    without the chained traceback of the OS error behind it (the message names it). Any other error prints its
-    traceback and exits 1 through end_process too: left to the interpreter, the exit could abort instead."""
+    checkpoint: decided on shared files, or broadcast; an AgreedError such as too many non-finite steps) is
+    printed once, by rank 0, and exits 2: one message, not one traceback per rank. A failed save or a token id
+    outside the vocabulary, which hit some ranks only, is printed by each rank it hit, without the chained
+    traceback behind it (the message names the cause), and exits 1. Any other error prints its traceback and
+    exits 1 through end_process too: left to the interpreter, the exit could abort instead."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--megatron_config", required=True,
                         help="resolved config from deepy.py (zlib-compressed JSON, base64)")
@@ -98,19 +101,26 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
         returned = main(cfg)
         finished = True
         code = returned if isinstance(returned, int) and not isinstance(returned, bool) else 0
-    except (ConfigError, CheckpointUnreadable) as error:
-        if is_output_rank():
-            label = "config error" if isinstance(error, ConfigError) else "error"
-            print(f"{label}: {error}", file=sys.stderr, flush=True)
-        code = 2
-    except CheckpointWriteError as error:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
-    except Exception:  # noqa: BLE001 (any other error: its traceback, then exit 1 without the teardown below)
-        traceback.print_exc()
+    except Exception as error:  # noqa: BLE001 (reported, then the exit without the teardown below)
+        code = reported(error)
     finally:
         leave_process_group(finished=finished)
     end_process(code)
+
+
+def reported(error: Exception) -> int:
+    """Print `error` as a rank ends on it (run_rank's docstring); returns the exit status."""
+    if isinstance(error, (ConfigError, CheckpointUnreadable, AgreedError)):
+        if is_output_rank():
+            label = "config error" if isinstance(error, ConfigError) else "error"
+            print(f"{label}: {error}", file=sys.stderr, flush=True)
+        return 2
+    if isinstance(error, (CheckpointWriteError, TokenIdError)):
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
+        return 1
+    traceback.print_exception(error)
+    return 1
 
 
 def end_process(code: int) -> NoReturn:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from megatron.data.data_utils import (
     build_datasets_from_paths,
@@ -22,6 +22,7 @@ from megatron.data.data_utils import (
     train_split_problem,
 )
 from megatron.data.indexed_dataset import index_file_path, read_index_header
+from megatron.data.token_ids import check_token_ids
 from megatron.data.samplers import PretrainingSampler
 
 
@@ -59,14 +60,12 @@ def build_datasets(cfg) -> Splits:
     return Splits(*datasets)
 
 
-def _collate(samples: list[dict[str, np.ndarray]]) -> torch.Tensor:
-    return torch.from_numpy(np.stack([s["text"] for s in samples]).astype(np.int64))
-
-
 def batch_iterator(
-    dataset: Dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int
+    dataset: Dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
+    vocab_size: int | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yields this rank's micro-batches of token ids [micro_batch, seq_length + 1]."""
+    """Yields this rank's micro-batches of token ids [micro_batch, seq_length + 1]; with `vocab_size`, each batch
+    checked on the host first (TokenIdError for an id outside the vocabulary: data/token_ids.py)."""
     sampler = PretrainingSampler(
         total_samples=len(dataset),
         consumed_samples=consumed_samples,
@@ -74,7 +73,14 @@ def batch_iterator(
         data_parallel_rank=dp_rank,
         data_parallel_size=dp_size,
     )
-    # A generator of its own: starting an iterator draws a seed, which must not advance the global RNG
-    # that a resumed run restores from its checkpoint (dropout masks would shift).
-    return iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=_collate, num_workers=0,
-                           generator=torch.Generator()))
+    return _batches(dataset, sampler, vocab_size)
+
+
+def _batches(dataset: Dataset, sampler: PretrainingSampler, vocab_size: int | None) -> Iterator[torch.Tensor]:
+    """Read in this process, in order: no worker processes, and no seed drawn from the global RNG (which a resumed
+    run restores from its checkpoint: dropout masks would shift)."""
+    for samples in sampler:
+        batch = np.stack([dataset[index]["text"] for index in samples]).astype(np.int64, copy=False)
+        if vocab_size is not None:
+            check_token_ids(batch, dataset, samples, vocab_size)
+        yield torch.from_numpy(batch)

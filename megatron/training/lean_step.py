@@ -23,8 +23,8 @@ torch optimizer's on the module's parameters. The loss, the weights and Adam's s
 step bit for bit wherever the clipping factor is 1 (tests/test_lean_step.py); where clipping scales the
 gradients, the fp32 norm differs from DeepSpeed's float64-accumulated one in its last bits, and so does the factor.
 
-`lean_step_problem` decides, from the config and the process layout: the lean step where it is this computation
-(`lean_step: true`, the default), DeepSpeed's step elsewhere.
+`lean_step_problem` decides, from the config, the process layout and the device type: the lean step where it is
+this computation (`lean_step: true`, the default, on a device with torch's fused AdamW), DeepSpeed's step elsewhere.
 """
 
 from __future__ import annotations
@@ -38,19 +38,22 @@ from torch._utils import _unflatten_dense_tensors
 
 from megatron.checkpoint.engine_optimizer import step_tensor
 from megatron.training.gradient_clipping import clip_by_norm_, clips_in_optimizer, counted_in_norm, global_norm
+from megatron.training.optimizer import has_fused_adamw
 from megatron.training.phases import BACKWARD, DATA, FORWARD, LOSS_READOUT, OPTIMIZER, phase
 from megatron.training.step import lm_loss
 
 _ZERO_KEYS_OF_DEEPSPEED_STEP = ("offload_optimizer", "offload_param", "parameter_alignment", "round_robin_gradients")
 
 
-def lean_step_problem(cfg, data_parallel_size: int) -> str | None:
-    """Why `cfg`'s run, on `data_parallel_size` data-parallel ranks, takes DeepSpeed's step rather than the lean
-    one; None when it takes the lean one."""
+def lean_step_problem(cfg, data_parallel_size: int, device_type: str) -> str | None:
+    """Why `cfg`'s run, on `data_parallel_size` data-parallel ranks of devices of `device_type` ("cuda", "cpu",
+    "hpu", ...), takes DeepSpeed's step rather than the lean one; None when it takes the lean one."""
     zero = cfg.zero_optimization or {}
     stage = zero.get("stage", 0)
     if not cfg.lean_step:
         return "lean_step is false"
+    if not has_fused_adamw(device_type):
+        return f"torch has no fused AdamW on {device_type}, which the lean step needs to skip a step on the device"
     if data_parallel_size > 1:
         return f"{data_parallel_size} data-parallel ranks reduce their gradients through DeepSpeed"
     if cfg.pipe_parallel_size > 1:

@@ -22,9 +22,11 @@ import math
 import torch
 import torch.distributed as dist
 
+from megatron.runtime.agreed_error import AgreedError
 
-class NonFiniteTrainingError(RuntimeError):
-    """Too many consecutive steps had a non-finite loss or gradient norm."""
+
+class NonFiniteTrainingError(AgreedError):
+    """Too many consecutive steps had a non-finite loss or gradient norm (every rank counts the same steps)."""
 
 
 def skip_nonfinite_updates(optimizer: torch.optim.Optimizer) -> None:

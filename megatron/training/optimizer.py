@@ -18,6 +18,12 @@ from megatron.training.gradient_clipping import clips_in_optimizer
 _FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
 
 
+def has_fused_adamw(device_type: str) -> bool:
+    """Whether torch has a fused AdamW kernel for `device_type` (none on hpu, npu, mlu, ...): the lean step
+    needs it, to skip a non-finite update on the device."""
+    return device_type in _FUSED_ADAMW_DEVICES
+
+
 def parameter_groups(model: torch.nn.Module, weight_decay: float, two_groups: bool = False) -> list[dict[str, Any]]:
     """Split parameters into a decayed group (matrices) and a non-decayed one (1-D).
 
@@ -49,7 +55,7 @@ def build_optimizer(model: torch.nn.Module, cfg, device_type: str) -> torch.opti
         betas=tuple(params.get("betas", (0.9, 0.999))),
         eps=params.get("eps", 1e-8),
         # torch's fused AdamW kernel (one pass over all tensors) where it exists.
-        fused=True if device_type in _FUSED_ADAMW_DEVICES else None,
+        fused=True if has_fused_adamw(device_type) else None,
     )
 
 

@@ -121,7 +121,8 @@ class Trainer:
         # Collective; verifies every file of the chosen checkpoint, so it is done once.
         tag = resume_tag(cfg.load)
         self.growth = run_growth(cfg, tag)
-        deepspeed_step = lean_step_problem(cfg, mpu.get_data_parallel_world_size())
+        deepspeed_step = lean_step_problem(cfg, mpu.get_data_parallel_world_size(),
+                                           get_accelerator().device_name())
         self.engine, self.optimizer, self.model_args = setup_model_and_engine(
             cfg, self.growth.frozen, lean=deepspeed_step is None)
         self.schedule = LRSchedule.from_config(cfg)
@@ -182,6 +183,7 @@ class Trainer:
             self.cfg.train_micro_batch_size_per_gpu,
             mpu.get_data_parallel_rank(),
             mpu.get_data_parallel_world_size(),
+            self.cfg.padded_vocab_size,
         )
 
     def evaluate(self) -> float | None:

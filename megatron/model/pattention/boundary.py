@@ -1,7 +1,8 @@
 """What the stand-alone Pattention checks where user code meets it: its sizes, and each input against them.
 
-Without these, a size of 0 builds a layer that learns nothing (and divides by zero in fused's backward), and a
-float size, a wrong width or dtype, or a NumPy array ends in a torch error many frames deep. The input checks
+Without these, a size or score scale of 0 builds a layer that learns nothing (a size of 0 divides by zero in
+fused's backward), and a float size, a wrong width or dtype, or a NumPy array ends in a torch error many frames
+deep. The input checks
 run on every call: attribute reads only, no device synchronisation.
 """
 
@@ -22,13 +23,15 @@ def checked_int(where: str, value: object, meaning: str, positive: bool = True) 
     return int(value)
 
 
-def checked_finite(where: str, value: object, meaning: str) -> float:
-    """`value` as a float; TypeError (a bool, a string, ...) or ValueError (NaN, ±inf) naming `where`: a NaN
-    scale would make every output NaN."""
+def checked_positive_finite(where: str, value: object, meaning: str) -> float:
+    """`value` as a float; TypeError (a bool, a string, ...) or ValueError (NaN, ±inf, 0 or below) naming `where`:
+    a NaN scale would make every output NaN, a zero one every score 0 (a layer that never learns), and a
+    negative one flips them (the config refuses both)."""
+    wanted = "a positive finite number"
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{where}: must be a finite number ({meaning}), not a {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: must be a finite number ({meaning})")
+        raise TypeError(f"{where}: must be {wanted} ({meaning}), not a {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{where}: must be {wanted} ({meaning})")
     return float(value)
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from megatron.model.args import DEFAULT_GROWTH_MODE, FLASH_BACKENDS, GROWTH_MODES, PATTENTION_IMPLS
-from megatron.model.pattention.boundary import checked_dtype, checked_finite, checked_input, checked_int
+from megatron.model.pattention.boundary import checked_dtype, checked_input, checked_int, checked_positive_finite
 from megatron.model.pattention.grown_parameters import append_rows
 from megatron.model.pattention.registry import check_choice, pattentions_function
 from megatron.model.pattention.theta import Reduce, check_theta, identity
@@ -72,7 +72,7 @@ class Pattention(nn.Module):
         if norm_token_count is not None:
             norm_token_count = checked_int(f"Pattention(norm_token_count={norm_token_count!r})", norm_token_count,
                                            "the n that Θ normalises by")
-        tau = checked_finite(f"Pattention(tau={tau!r})", tau, "the score scale")
+        tau = checked_positive_finite(f"Pattention(tau={tau!r})", tau, "the score scale")
         dtype = checked_dtype(f"Pattention(dtype={dtype!r})", dtype)
         check_theta(theta)
         check_choice("pattention_impl", impl, PATTENTION_IMPLS)
