@@ -1,4 +1,4 @@
-"""DeepSpeed's compiled ops are cached per Python environment (its build locks: tests/test_build_locks.py), and a
+"""DeepSpeed's compiled ops are cached per Python environment, and a
 training rank builds none it does not use."""
 
 from __future__ import annotations
@@ -51,6 +51,21 @@ def test_deepy_sets_it_for_what_it_launches(tmp_path):
     code = "import os, deepy; deepy.main([]); print(os.environ['TORCH_EXTENSIONS_DIR'])"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert result.stdout.strip().splitlines()[-1] == str(environment_cache(Path(sys.prefix), Path.home()))
+
+
+def test_a_ranks_start_leaves_torchs_extension_builds_as_torch_ships_them(tmp_path):
+    """No start compiles through torch's FileBaton (deepy.py marks DeepSpeed's CPU collectives op unavailable:
+    the test below), so neither deepy.py nor a rank patches it or keeps lock files of its own in the op cache."""
+    code = ("import sys, deepy; from torch.utils.file_baton import FileBaton; shipped = FileBaton.try_acquire; "
+            "from megatron.config import load_config; from megatron.runtime.entry import _prepare_process; "
+            "from megatron.runtime.settings import RuntimeSettings; deepy.main([]); "
+            "_prepare_process(RuntimeSettings.from_config(load_config([sys.argv[1]], ['data_path=d']))); "
+            "print(FileBaton.try_acquire is shipped)")
+    env = dict(os.environ, **{VARIABLE: str(tmp_path / "ops")})
+    result = subprocess.run([sys.executable, "-c", code, str(REPO / "tests" / "tiny.yml")], cwd=REPO, env=env,
+                            capture_output=True, text=True)
+    assert result.stdout.strip().splitlines()[-1] == "True", result.stdout + result.stderr
+    assert not (tmp_path / "ops").exists() or not list((tmp_path / "ops").iterdir())
 
 
 def rank_start(config: Path, extensions: str) -> tuple[bool, list[str], list[str]]:

@@ -19,7 +19,6 @@ from megatron.checkpoint.commit import CheckpointWriteError
 from megatron.config import Config, ConfigError
 from megatron.config.argument import decode_config
 from megatron.formats.deepspeed.reader import CheckpointUnreadable
-from megatron.host.build_locks import hold_build_claim
 from megatron.host.extension_cache import use_environment_cache
 from megatron.host.orphan_watch import watch_launcher
 from megatron.runtime.collectives import is_output_rank
@@ -76,7 +75,7 @@ def _prepare_process(settings: RuntimeSettings) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     share_cores()
     watch_launcher()
-    hold_build_claim(use_environment_cache())  # before anything compiles into it (host/build_locks.py)
+    use_environment_cache()
 
 
 def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
