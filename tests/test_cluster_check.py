@@ -79,6 +79,17 @@ def test_the_small_model_is_a_valid_config_in_every_layout(layout):
     assert small.precision == cfg.precision and small.load is None and small.save is None
 
 
+def test_the_small_model_sets_the_token_count_of_every_pattention_the_spec_declares(monkeypatch):
+    from megatron.model import spec as model_spec
+
+    cfg = load_config([TINY], ["data_path=d", "num_gpus=2"], world_size=2)
+    branch = model_spec.PattentionSpec("branch", "branch_slot_num", "branch", "branch", "ffn")
+    monkeypatch.setattr(model_spec, "LAYER_PATTENTIONS", (*model_spec.LAYER_PATTENTIONS[:4], branch))
+    model = small_model(cfg, 2, 0)
+    assert {key: model.get(key) for key in ("qkv_slot_num", "proj_slot_num", "branch_slot_num")} == {
+        "qkv_slot_num": 128, "proj_slot_num": 128, "branch_slot_num": 256}
+    assert "ffn_slot_num" not in model
+
 def test_the_micro_batch_is_the_largest_the_memory_model_fits():
     cfg = load_config(["configs/1-5B.yml"], ["data_path=d", "vocab_file=v", "num_gpus=8"], world_size=8)
     args = TokenFormerArgs.from_config(cfg, padded_vocab_size=50304)
