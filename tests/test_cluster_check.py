@@ -166,6 +166,37 @@ def test_gpu_nodes_that_disagree_are_named_with_both_values():
     assert len(result.findings) == 5
 
 
+def bytes_read_by_this_process() -> int:
+    """What this process has read through read(2) so far (/proc/self/io's rchar)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["rchar"])
+
+
+def environment_on_a_large_index(prefix: str) -> tuple[str, int]:
+    """Rank body: the environment section of a config whose dataset has a 512 MiB .idx; (its status, the bytes
+    this rank read meanwhile)."""
+    import torch
+
+    from megatron.cluster_check import environment
+    from megatron.cluster_check.context import CheckContext
+
+    cfg = load_config([TINY], [f"data_path={prefix}", "num_gpus=1"], world_size=1)
+    before = bytes_read_by_this_process()
+    result = environment.run(CheckContext(cfg, Ranks.gather(), torch.device("cpu"), "t"))
+    return result.status, bytes_read_by_this_process() - before
+
+
+def test_the_environment_reads_a_few_mib_of_a_large_dataset_index_not_all_of_it(tmp_path):
+    """Every rank of every node digests the dataset files at once: a whole .idx of GBs each would take minutes."""
+    from tests.distributed import run_on_ranks
+
+    prefix = tmp_path / "corpus_text_document"
+    with open(f"{prefix}.idx", "wb") as index:
+        index.truncate(512 * 2**20)  # sparse: nothing on disk, 512 MiB to read
+    Path(f"{prefix}.bin").write_bytes(b"tokens")
+    [(status, read)] = run_on_ranks(1, environment_on_a_large_index, str(prefix))
+    assert status == PASS and read < 32 * 2**20, read
+
 def test_the_report_names_every_failure_and_the_console_fits_a_screen():
     results = [SectionResult("environment", PASS, "fine"),
                SectionResult("collectives", FAIL, "slow", ["| a | b |"],
