@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import socket
@@ -23,9 +24,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from megatron.cluster_check.collectives import bus_factor
-from megatron.cluster_check.golden import REPOSITORY_CURVE, CurveError, curve_losses, read_curve
+from megatron.cluster_check.curve_file import REPOSITORY_CURVE, CurveError, read_curve
+from megatron.cluster_check.golden import curve_losses, make_curve
 from megatron.cluster_check.ranks import Ranks
 from megatron.cluster_check.report import FAIL, PASS, SKIP, Finding, RunDescription, SectionResult
 from megatron.cluster_check.report import console_summary, markdown
@@ -140,8 +143,6 @@ def gpu_facts(host_devices: dict[str, int], **changes) -> list[dict]:
 
 def test_gpu_nodes_that_disagree_are_named_with_both_values():
     """The environment section's judgements on GPU facts (this machine has none to gather)."""
-    import torch
-
     from megatron.cluster_check import environment
     from megatron.cluster_check.context import CheckContext
 
@@ -175,8 +176,6 @@ def bytes_read_by_this_process() -> int:
 def environment_on_a_large_index(prefix: str) -> tuple[str, int]:
     """Rank body: the environment section of a config whose dataset has a 512 MiB .idx; (its status, the bytes
     this rank read meanwhile)."""
-    import torch
-
     from megatron.cluster_check import environment
     from megatron.cluster_check.context import CheckContext
 
@@ -212,8 +211,6 @@ def test_the_report_names_every_failure_and_the_console_fits_a_screen():
 def test_the_repositorys_golden_curve_is_reproduced_on_this_cpu():
     """The curve ships with the repository: a change to the model, the optimizer or the data generator that moves
     it must be deliberate (regenerate it: python -m megatron.cluster_check.golden --write ...)."""
-    import torch
-
     curve, threads = read_curve(REPOSITORY_CURVE), torch.get_num_threads()
     torch.set_num_threads(1)  # as one rank of a launch has on this machine: two threads contend with the others
     try:
@@ -232,6 +229,64 @@ def test_a_file_that_is_no_curve_is_named(tmp_path):
     with pytest.raises(CurveError, match="cannot be read as JSON"):
         read_curve(tmp_path / "curve.json")
 
+
+@pytest.mark.parametrize("field, value, named", [
+    ("losses", [math.nan] * 20, "losses at steps 1, 2, 3, 4, 5 ... are not finite numbers above 0 (step 1: nan)"),
+    ("losses", [5.0] * 19 + [math.inf], "losses at step 20 are not finite numbers above 0 (step 20: inf)"),
+    ("relative_tolerance", math.nan, "relative_tolerance is nan, not a finite number above 0"),
+    ("relative_tolerance", "0.001", "relative_tolerance is '0.001', not a finite number above 0"),
+    ("steps", "20", "steps is '20', not a positive integer"),
+    ("data", {"batch_size": "8", "seed": 1, "successors": 4, "vocab_size": 64}, "data.batch_size is '8'"),
+    ("optimizer", {"lr": math.nan, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}, "optimizer.lr is nan"),
+    ("model", {"hidden_size": 64}, "model: "),
+])
+def test_a_curve_file_with_a_wrong_field_is_refused_naming_it(tmp_path, field, value, named):
+    """A NaN loss or tolerance would pass every device (no comparison with NaN is above a tolerance); a string
+    would end in a traceback after the section trained."""
+    curve = read_curve(REPOSITORY_CURVE)
+    curve[field] = value
+    (tmp_path / "curve.json").write_text(json.dumps(curve))  # NaN and Infinity, as Python's json writes them
+    with pytest.raises(CurveError) as refused:
+        read_curve(tmp_path / "curve.json")
+    assert str(refused.value).startswith(named), str(refused.value)
+
+
+def test_deepy_refuses_an_unusable_golden_curve_before_any_process_starts(tmp_path):
+    from megatron.launch.preflight import preflight_problems
+    from tests.test_launch_preflight import TWO_RANKS, run_config
+
+    curve = read_curve(REPOSITORY_CURVE)
+    curve["relative_tolerance"] = math.nan
+    (tmp_path / "nan.json").write_text(json.dumps(curve))
+    problems = preflight_problems(run_config(tmp_path, "user_script=cluster_check.py",
+                                             f"cluster_check_golden={tmp_path}/nan.json"), TWO_RANKS)
+    assert problems == [f"cluster_check_golden = {tmp_path}/nan.json: relative_tolerance is nan, not a finite "
+                        "number above 0; point it at a file written by python -m megatron.cluster_check.golden "
+                        "--write FILE"]
+    assert preflight_problems(run_config(tmp_path, "user_script=cluster_check.py", "cluster_check_sections=[environment]",
+                                         f"cluster_check_golden={tmp_path}/nan.json"), TWO_RANKS) == []
+
+
+def test_a_run_that_diverges_writes_no_curve(tmp_path, monkeypatch):
+    """--write refuses a curve with a NaN loss, which every later check would pass."""
+    from megatron.cluster_check import golden
+
+    template = read_curve(REPOSITORY_CURVE)
+    template.update(steps=2, losses=[1.0, 1.0])
+    template["optimizer"]["lr"] = 1e30  # the first step's update overflows: the second loss is NaN
+    with pytest.raises(CurveError, match="the run on cpu gave no usable curve: losses at step 2 are not finite"):
+        make_curve(template, torch.device("cpu"))
+    (tmp_path / "template.json").write_text(json.dumps(template))
+    monkeypatch.setattr(sys, "argv", ["golden", "--write", str(tmp_path / "out.json"), "--from",
+                                      str(tmp_path / "template.json")])
+    with pytest.raises(SystemExit, match=f"nothing written to {tmp_path}/out.json"):
+        golden.main()
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_a_cluster_check_of_no_section_is_refused_when_the_config_loads():
+    with pytest.raises(ConfigError, match="cluster_check_sections is empty: the cluster check would check nothing"):
+        load_config([TINY], ["data_path=d", "cluster_check_sections=[]"])
 
 # --- real runs --------------------------------------------------------------------------------------------------
 
