@@ -196,6 +196,23 @@ def test_the_environment_reads_a_few_mib_of_a_large_dataset_index_not_all_of_it(
     [(status, read)] = run_on_ranks(1, environment_on_a_large_index, str(prefix))
     assert status == PASS and read < 32 * 2**20, read
 
+def collectives_of_one_rank() -> SectionResult:
+    """Rank body: the collectives section of a one-process world with a bandwidth floor."""
+    from megatron.cluster_check import collectives
+    from megatron.cluster_check.context import CheckContext
+
+    cfg = load_config([TINY], ["data_path=d", "num_gpus=1", "cluster_check_busbw_floor=1000"], world_size=1)
+    return collectives.run(CheckContext(cfg, Ranks.gather(), torch.device("cpu"), "t"))
+
+
+def test_one_rank_has_no_bandwidth_to_hold_against_a_floor():
+    from tests.distributed import run_on_ranks
+
+    [result] = run_on_ranks(1, collectives_of_one_rank)
+    assert (result.status, result.findings, result.facts) == (PASS, [], {"correct": True})
+    assert result.summary.startswith("one rank: the values are right; bandwidth and latency not applicable")
+    assert "cluster_check_busbw_floor is not applied" in result.figures[0]
+
 def test_the_report_names_every_failure_and_the_console_fits_a_screen():
     results = [SectionResult("environment", PASS, "fine"),
                SectionResult("collectives", FAIL, "slow", ["| a | b |"],
