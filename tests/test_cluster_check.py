@@ -305,6 +305,17 @@ def test_a_cluster_check_of_no_section_is_refused_when_the_config_loads():
     with pytest.raises(ConfigError, match="cluster_check_sections is empty: the cluster check would check nothing"):
         load_config([TINY], ["data_path=d", "cluster_check_sections=[]"])
 
+def test_the_check_started_without_deepy_names_the_command_that_starts_it(monkeypatch, capsys):
+    from megatron.runtime.entry import run_rank
+
+    monkeypatch.setattr(sys, "argv", ["cluster_check.py", "configs/1-5B.yml"])
+    with pytest.raises(SystemExit) as exited:
+        run_rank(lambda cfg: 0, "the cluster check")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == ("cluster_check.py runs on the processes deepy.py starts, with the config "
+                                       "deepy.py checked: python deepy.py cluster_check.py CONFIG.yml "
+                                       "[CONFIG.yml ...] [key=value ...]\n")
+
 # --- real runs --------------------------------------------------------------------------------------------------
 
 def report_sections(log_dir: Path) -> dict[str, str]:
