@@ -17,9 +17,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -280,8 +282,9 @@ def test_deepy_refuses_an_unusable_golden_curve_before_any_process_starts(tmp_pa
     assert problems == [f"cluster_check_golden = {tmp_path}/nan.json: relative_tolerance is nan, not a finite "
                         "number above 0; point it at a file written by python -m megatron.cluster_check.golden "
                         "--write FILE"]
-    assert preflight_problems(run_config(tmp_path, "user_script=cluster_check.py", "cluster_check_sections=[environment]",
-                                         f"cluster_check_golden={tmp_path}/nan.json"), TWO_RANKS) == []
+    without_golden = run_config(tmp_path, "user_script=cluster_check.py", "cluster_check_sections=[environment]",
+                                f"cluster_check_golden={tmp_path}/nan.json")
+    assert preflight_problems(without_golden, TWO_RANKS) == []
 
 
 def test_a_run_that_diverges_writes_no_curve(tmp_path, monkeypatch):
@@ -338,6 +341,37 @@ def test_four_processes_in_tensor_by_pipeline_layout_pass_every_section(demo_dat
     assert "4 device(s) reproduce golden_curve.json" in report and "CPU processes: the config's architecture" in report
     assert sorted(p.name for p in (tmp_path / "save").iterdir()) == []  # the check leaves nothing in `save`
 
+
+@pytest.mark.slow
+def test_a_check_stopped_midway_leaves_its_report_incomplete_with_the_signal(demo_data, tmp_path):
+    """Ctrl-C to deepy.py during the golden section (a 200-step curve: long enough to be caught in it). Before,
+    the report of the sections done read as a verdict over them, and deepy.py spoke of saving a checkpoint."""
+    curve = read_curve(REPOSITORY_CURVE)
+    curve.update(steps=200, losses=[1.0] * 200)
+    (tmp_path / "long.json").write_text(json.dumps(curve))
+    report = tmp_path / "logs" / "cluster_check.md"
+    command = [sys.executable, "deepy.py", "cluster_check.py", TINY, *data_overrides(demo_data),
+               f"log_dir={tmp_path}/logs", "cluster_check_sections=[environment, golden]",
+               f"cluster_check_golden={tmp_path}/long.json", f"master_port={free_port()}"]
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        deepy = subprocess.Popen(command, cwd=REPO, stdout=stdout, stderr=stderr, env=dict(os.environ,
+                                                                                        PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+    while "1 of 2 sections done" not in (report.read_text() if report.is_file() else ""):
+        assert deepy.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+        time.sleep(0.1)
+    midway = report.read_text().splitlines()[0]  # what a SIGKILL would leave
+    deepy.send_signal(signal.SIGINT)
+    deepy.wait(timeout=RUN_TIMEOUT_SECONDS)
+    stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+    assert midway == ("# Cluster check: INCOMPLETE (1 of 2 sections done; the check has not ended, or was killed: "
+                      "the verdict is written when it ends)")
+    assert deepy.returncode == 128 + signal.SIGINT, stdout + stderr
+    assert report.read_text().splitlines()[0] == ("# Cluster check: INCOMPLETE (stopped by SIGTERM during golden: "
+                                                  "1 of 2 sections done)")
+    assert "SIGTERM sent to the 2 ranks here, which stop the check and mark its report INCOMPLETE" in stderr
+    assert "deepy.py: cluster_check.py stopped at your request (SIGINT)" in stderr
+    assert "save a checkpoint" not in stderr and "Traceback" not in stdout + stderr, stdout + stderr
 
 def other_dataset(demo_data: Path, folder: Path) -> str:
     """The first half of the demo corpus's documents as a dataset of its own: another file under the same name."""

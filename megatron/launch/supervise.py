@@ -11,7 +11,7 @@ passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is 
 (megatron/host/orphan_watch.py). When the job fails, the rank the launcher saw end first, and how, is named as
 the cause (unless that is the cluster check's verdict that sections failed); when it fails because the stop
 reached ranks still starting (before they catch it), deepy.py says it stopped as asked and exits 128+N (130 for
-Ctrl-C). Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
+Ctrl-C), as it does for a stopped cluster check, whose ranks end at once and leave its report INCOMPLETE. Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
 """
 
 from __future__ import annotations
@@ -144,9 +144,11 @@ def _end_leftovers(this_process: psutil.Process) -> None:
             pass
 
 
-def _stop(ranks: list[psutil.Process], reason: str) -> None:
-    print(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which save a checkpoint and stop",
-          file=sys.stderr, flush=True)
+def _stop(ranks: list[psutil.Process], reason: str, script: str) -> None:
+    then = ("stop the check and mark its report INCOMPLETE" if Path(script).name == CLUSTER_CHECK_SCRIPT else
+            "save a checkpoint and stop")
+    print(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which {then}", file=sys.stderr,
+          flush=True)
     for process in ranks:
         try:
             process.send_signal(signal.SIGTERM)
@@ -172,7 +174,7 @@ def run_launcher(command: list[str], script: str) -> int:
     def pass_on(number: int) -> None:
         ranks = _local_ranks(this_process, script)
         if ranks:
-            _stop(ranks, f"{signal.Signals(number).name} received")
+            _stop(ranks, f"{signal.Signals(number).name} received", script)
         else:  # ranks on other hosts, or none yet: the launcher (srun, mpirun) forwards it to them
             launcher.send_signal(signal.SIGTERM)
 
@@ -197,7 +199,7 @@ def run_launcher(command: list[str], script: str) -> int:
     code = launcher.wait()
     orphans = _local_ranks(this_process, script) if code < 0 else []
     if orphans:
-        _stop(orphans, f"the launcher was ended by {signal.Signals(-code).name}")
+        _stop(orphans, f"the launcher was ended by {signal.Signals(-code).name}", script)
         gone, _ = psutil.wait_procs(orphans)
         code = next((p.returncode for p in gone if p.returncode), 0)
     # Ranks left behind by a killed launcher end on their own, and their runners with them; what outlives them
@@ -208,6 +210,11 @@ def run_launcher(command: list[str], script: str) -> int:
     ended = True
     code = code if code >= 0 else 128 - code
     first = first_to_end.wait()
+    if code and requested and Path(script).name == CLUSTER_CHECK_SCRIPT:
+        name = signal.Signals(requested[0]).name
+        print(f"deepy.py: {script} stopped at your request ({name}); a report it began (cluster_check.md in "
+              "log_dir) is marked INCOMPLETE", file=sys.stderr, flush=True)
+        return 128 + requested[0]
     if code and requested and first_to_end.code in (None, -signal.SIGTERM):
         # The stop reached ranks still starting (importing, compiling), before they could catch it and save.
         name = signal.Signals(requested[0]).name
