@@ -29,14 +29,14 @@ import pytest
 import torch
 
 from megatron.cluster_check.collectives import bus_factor
-from megatron.cluster_check.curve_file import REPOSITORY_CURVE, CurveError, read_curve
-from megatron.cluster_check.golden import curve_losses, make_curve
+from megatron.cluster_check.golden import curve_losses, make_curve, read_curve_file
 from megatron.cluster_check.ranks import Ranks
 from megatron.cluster_check.report import FAIL, PASS, SKIP, Finding, RunDescription, SectionResult
 from megatron.cluster_check.report import console_summary, markdown
 from megatron.cluster_check.throughput import largest_micro_batch
 from megatron.cluster_check.variants import batch_split, small_model, variant
 from megatron.config import ConfigError, load_config
+from megatron.config.golden_curve import REPOSITORY_CURVE, CurveError
 from megatron.config.argument import encode_config
 from megatron.config.run_inputs import CLUSTER_CHECK_FAILED
 from megatron.config.schema import CLUSTER_CHECK_SECTIONS
@@ -230,7 +230,7 @@ def test_the_report_names_every_failure_and_the_console_fits_a_screen():
 def test_the_repositorys_golden_curve_is_reproduced_on_this_cpu():
     """The curve ships with the repository: a change to the model, the optimizer or the data generator that moves
     it must be deliberate (regenerate it: python -m megatron.cluster_check.golden --write ...)."""
-    curve, threads = read_curve(REPOSITORY_CURVE), torch.get_num_threads()
+    curve, threads = read_curve_file(REPOSITORY_CURVE), torch.get_num_threads()
     torch.set_num_threads(1)  # as one rank of a launch has on this machine: two threads contend with the others
     try:
         losses = curve_losses(curve, torch.device("cpu"))
@@ -243,10 +243,10 @@ def test_the_repositorys_golden_curve_is_reproduced_on_this_cpu():
 def test_a_file_that_is_no_curve_is_named(tmp_path):
     (tmp_path / "curve.json").write_text(json.dumps({"losses": [1.0]}))
     with pytest.raises(CurveError, match="lacks model, optimizer, data, steps, relative_tolerance"):
-        read_curve(tmp_path / "curve.json")
+        read_curve_file(tmp_path / "curve.json")
     (tmp_path / "curve.json").write_text("{")
     with pytest.raises(CurveError, match="cannot be read as JSON"):
-        read_curve(tmp_path / "curve.json")
+        read_curve_file(tmp_path / "curve.json")
 
 
 @pytest.mark.parametrize("field, value, named", [
@@ -262,11 +262,11 @@ def test_a_file_that_is_no_curve_is_named(tmp_path):
 def test_a_curve_file_with_a_wrong_field_is_refused_naming_it(tmp_path, field, value, named):
     """A NaN loss or tolerance would pass every device (no comparison with NaN is above a tolerance); a string
     would end in a traceback after the section trained."""
-    curve = read_curve(REPOSITORY_CURVE)
+    curve = read_curve_file(REPOSITORY_CURVE)
     curve[field] = value
     (tmp_path / "curve.json").write_text(json.dumps(curve))  # NaN and Infinity, as Python's json writes them
     with pytest.raises(CurveError) as refused:
-        read_curve(tmp_path / "curve.json")
+        read_curve_file(tmp_path / "curve.json")
     assert str(refused.value).startswith(named), str(refused.value)
 
 
@@ -274,7 +274,7 @@ def test_deepy_refuses_an_unusable_golden_curve_before_any_process_starts(tmp_pa
     from megatron.launch.preflight import preflight_problems
     from tests.test_launch_preflight import TWO_RANKS, run_config
 
-    curve = read_curve(REPOSITORY_CURVE)
+    curve = read_curve_file(REPOSITORY_CURVE)
     curve["relative_tolerance"] = math.nan
     (tmp_path / "nan.json").write_text(json.dumps(curve))
     problems = preflight_problems(run_config(tmp_path, "user_script=cluster_check.py",
@@ -291,7 +291,7 @@ def test_a_run_that_diverges_writes_no_curve(tmp_path, monkeypatch):
     """--write refuses a curve with a NaN loss, which every later check would pass."""
     from megatron.cluster_check import golden
 
-    template = read_curve(REPOSITORY_CURVE)
+    template = read_curve_file(REPOSITORY_CURVE)
     template.update(steps=2, losses=[1.0, 1.0])
     template["optimizer"]["lr"] = 1e30  # the first step's update overflows: the second loss is NaN
     with pytest.raises(CurveError, match="the run on cpu gave no usable curve: losses at step 2 are not finite"):
@@ -346,7 +346,7 @@ def test_four_processes_in_tensor_by_pipeline_layout_pass_every_section(demo_dat
 def test_a_check_stopped_midway_leaves_its_report_incomplete_with_the_signal(demo_data, tmp_path):
     """Ctrl-C to deepy.py during the golden section (a 200-step curve: long enough to be caught in it). Before,
     the report of the sections done read as a verdict over them, and deepy.py spoke of saving a checkpoint."""
-    curve = read_curve(REPOSITORY_CURVE)
+    curve = read_curve_file(REPOSITORY_CURVE)
     curve.update(steps=200, losses=[1.0] * 200)
     (tmp_path / "long.json").write_text(json.dumps(curve))
     report = tmp_path / "logs" / "cluster_check.md"
@@ -453,7 +453,7 @@ def test_data_that_differs_on_one_rank_fails_the_environment(demo_data, tmp_path
 @pytest.mark.slow
 def test_a_golden_curve_that_does_not_match_fails_the_golden_section(demo_data, tmp_path):
     """Through deepy.py, which says the check found failures rather than naming a crashed rank."""
-    curve = read_curve(REPOSITORY_CURVE)
+    curve = read_curve_file(REPOSITORY_CURVE)
     curve["losses"] = [loss * 1.01 for loss in curve["losses"]]
     (tmp_path / "curve.json").write_text(json.dumps(curve))
     result = run_deepy("cluster_check.py", TINY, *data_overrides(demo_data), f"log_dir={tmp_path}/logs",

@@ -27,16 +27,24 @@ import torch
 
 from megatron import mpu
 from megatron.cluster_check.context import CheckContext
-from megatron.cluster_check.curve_file import CURVE_KEYS, REPOSITORY_CURVE, CurveError, curve_problem, read_curve
 from megatron.cluster_check.ranks import gather
 from megatron.cluster_check.report import SectionResult
 from megatron.cluster_check.synthetic import MarkovTokens
 from megatron.cluster_check.training_runs import exact_arithmetic
+from megatron.config.golden_curve import CURVE_KEYS, REPOSITORY_CURVE, CurveError, curve_problem, read_curve
 from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.args import args_problem
 from megatron.training.optimizer import parameter_groups
 from megatron.training.step import lm_loss
 
 NAME = "golden"
+
+
+def read_curve_file(path: Path) -> dict:
+    """The curve file at `path`, every field judged, the model's by TokenFormerArgs (CurveError)."""
+    return read_curve(path, args_problem)
+
+
 def curve_losses(curve: dict, device: torch.device) -> list[float]:
     """The curve's run on `device`, alone (one tensor rank: call with the parallel groups torn down)."""
     args = TokenFormerArgs(**curve["model"])
@@ -63,7 +71,7 @@ def run(context: CheckContext) -> SectionResult:
     result = SectionResult(NAME)
     path = Path(context.cfg.cluster_check_golden or REPOSITORY_CURVE)
     try:
-        curve = read_curve(path)
+        curve = read_curve_file(path)
     except CurveError as error:
         result.fail("cluster_check_golden", f"{path}: {error}",
                     "point cluster_check_golden at a file written by python -m megatron.cluster_check.golden --write")
@@ -103,7 +111,7 @@ def make_curve(template: dict, device: torch.device) -> dict:
     curve (a NaN loss, which every later comparison would pass)."""
     curve = {key: template[key] for key in CURVE_KEYS if key != "losses"}
     curve["losses"] = curve_losses(curve, device)
-    problem = curve_problem(curve)
+    problem = curve_problem(curve, args_problem)
     if problem:
         raise CurveError(f"the run on {device} gave no usable curve: {problem}")
     curve["made_with"] = {"device": str(device), "torch": torch.__version__,
@@ -119,7 +127,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where to run it (cpu, cuda, ...)")
     options = parser.parse_args()
     try:
-        template = read_curve(options.template)
+        template = read_curve_file(options.template)
     except CurveError as error:
         sys.exit(f"golden: --from {options.template}: {error}")
     try:

@@ -13,7 +13,7 @@ launch and prints one traceback per rank.
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
   machine, it and log_dir (generate.py: sample_output_file's folder) can be written (or created);
 - on a launch from this machine, master_port is free;
-- the cluster check's golden curve file, field by field (megatron/cluster_check/curve_file.py).
+- the cluster check's golden curve file, field by field (megatron/config/golden_curve.py).
 
 `preflight_notes` says what is allowed but likely unintended: a train split that training reads many times;
 `nothing_left_to_train`, that a run need not start: its checkpoint already reached train_iters.
@@ -29,9 +29,9 @@ from megatron.checkpoint.safety import CheckpointRefused, load_checkpoint_file
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free
 from megatron.checkpoint.selection import (newest_usable_tag, screened_file_problems, tag_to_resume_before_launch,
                                            verified_file_problems)
-from megatron.cluster_check.curve_file import REPOSITORY_CURVE, CurveError, read_curve
 from megatron.config import Config, ConfigError
 from megatron.config.eval_tasks import eval_task_problems
+from megatron.config.golden_curve import REPOSITORY_CURVE, CurveError, read_curve
 from megatron.config.run_inputs import CLUSTER_CHECK_SCRIPT, INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_repeats, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
@@ -49,6 +49,7 @@ from megatron.launch.hosts import is_local_host
 from megatron.launch.load_check import load_problem
 from megatron.launch.ports import is_free, master_port
 from megatron.launch.resources import Slots, world_size
+from megatron.model.args import args_problem
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 
 
@@ -250,7 +251,7 @@ def _golden_curve_problems(cfg: Config) -> list[str]:
         return []
     path = Path(cfg.cluster_check_golden or REPOSITORY_CURVE)
     try:
-        read_curve(path)
+        read_curve(path, args_problem)
     except CurveError as error:
         return [f"cluster_check_golden = {path}: {error}; point it at a file written by python -m "
                 "megatron.cluster_check.golden --write FILE"]

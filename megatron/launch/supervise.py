@@ -11,7 +11,8 @@ passes the stop on to them and exits with them. A SIGKILL to deepy.py itself is 
 (megatron/host/orphan_watch.py). When the job fails, the rank the launcher saw end first, and how, is named as
 the cause (unless that is the cluster check's verdict that sections failed); when it fails because the stop
 reached ranks still starting (before they catch it), deepy.py says it stopped as asked and exits 128+N (130 for
-Ctrl-C), as it does for a stopped cluster check, whose ranks end at once and leave its report INCOMPLETE. Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
+Ctrl-C), as it does for a stopped cluster check, whose ranks end at once and leave its report INCOMPLETE.
+Whatever outlives the ranks (a compiler DeepSpeed started on a first start) is ended as soon as they are.
 """
 
 from __future__ import annotations

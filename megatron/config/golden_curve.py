@@ -1,21 +1,23 @@
-"""A golden loss curve file (golden.py), read and checked field by field before any work is done with it.
+"""The cluster check's golden loss curve file (megatron/cluster_check/golden.py, config key
+cluster_check_golden), read and checked field by field before any work is done with it.
 
 Every field is checked because a wrong one does not fail on its own: a comparison with a NaN loss or a NaN
 tolerance is never above the tolerance, so such a curve passes every device, and a string where a number
 belongs ends in a traceback after the section trained for seconds. deepy.py checks the file before it starts
-any process (launch/preflight.py); the golden section and `--write` read it through the same function.
+any process (launch/preflight.py); the golden section and `--write` read it through the same function. The
+model's fields are checked by the caller's `model_problem` (megatron.model.args_problem: the config cannot
+import the model).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from megatron.model import TokenFormerArgs
-
-REPOSITORY_CURVE = Path(__file__).with_name("golden_curve.json")
+REPOSITORY_CURVE = Path(__file__).parents[1] / "cluster_check" / "golden_curve.json"
 CURVE_KEYS = ("model", "optimizer", "data", "steps", "relative_tolerance", "losses")
 DATA_COUNTS = ("batch_size", "successors", "vocab_size")  # positive integers, with `seed` (0 or more)
 OPTIMIZER_NUMBERS = ("lr", "eps", "weight_decay")
@@ -33,14 +35,11 @@ def _is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _model_problem(model: Any) -> str | None:
+def _model_problem(model: Any, model_problem: Callable[[dict], str | None]) -> str | None:
     if not isinstance(model, dict):
         return f"model is {model!r}, not a mapping of TokenFormerArgs' fields"
-    try:
-        TokenFormerArgs(**model)
-    except (TypeError, ValueError) as error:
-        return f"model: {error}"
-    return None
+    problem = model_problem(model)
+    return f"model: {problem}" if problem else None
 
 
 def _optimizer_problem(optimizer: Any) -> str | None:
@@ -82,13 +81,14 @@ def _numbers_problem(curve: dict) -> str | None:
     return None
 
 
-def curve_problem(curve: Any) -> str | None:
-    """What makes `curve` (a parsed file) unusable, naming the field; None if it can be reproduced and compared."""
+def curve_problem(curve: Any, model_problem: Callable[[dict], str | None]) -> str | None:
+    """What makes `curve` (a parsed file) unusable, naming the field; None if it can be reproduced and compared.
+    `model_problem` judges the model's fields (TokenFormerArgs')."""
     missing = [key for key in CURVE_KEYS if not isinstance(curve, dict) or key not in curve]
     if missing:
         return f"is not a curve file: it lacks {', '.join(missing)}"
     for problem in (_numbers_problem(curve), _data_problem(curve["data"]), _optimizer_problem(curve["optimizer"]),
-                    _model_problem(curve["model"])):
+                    _model_problem(curve["model"], model_problem)):
         if problem:
             return problem
     if not isinstance(curve.get("made_with", {}), dict):
@@ -96,13 +96,13 @@ def curve_problem(curve: Any) -> str | None:
     return None
 
 
-def read_curve(path: Path) -> dict:
+def read_curve(path: Path, model_problem: Callable[[dict], str | None]) -> dict:
     """The curve file at `path`; CurveError if it cannot be read or a field is wrong."""
     try:
         curve = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CurveError(f"cannot be read as JSON: {error}") from None
-    problem = curve_problem(curve)
+    problem = curve_problem(curve, model_problem)
     if problem:
         raise CurveError(problem)
     return curve
