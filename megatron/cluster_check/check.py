@@ -93,6 +93,7 @@ class _Report:
         self.path, self.description, self.selected = report_path(cfg), description, selected
         self.results: dict[str, SectionResult] = {}
         self.start = time.perf_counter()
+        self.verdict_written = False
 
     def write(self, status: str | None = None) -> None:
         """The report with `status` as its header (by default the verdict)."""
@@ -100,18 +101,22 @@ class _Report:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(markdown(list(self.results.values()), self.description,
                                           time.perf_counter() - self.start, status), encoding="utf-8")
+        self.verdict_written = status is None
 
     def stop_on_signals(self) -> None:
         """SIGTERM (deepy.py's, on Ctrl-C) or SIGINT ends the check at once, its report marked stopped by it:
         written from the handler and ended with os._exit, since unwinding from wherever the signal landed (a
-        collective, an engine's construction) could hang on ranks that already left."""
+        collective, an engine's construction) could hang on ranks that already left. A stop after the verdict
+        was written leaves it."""
 
         def stop(number: int, frame: object) -> None:
             name = signal.Signals(number).name
-            during = next((section for section in self.selected if section not in self.results), None)
-            self.write(incomplete(len(self.results), len(self.selected), name, during))
-            if is_output_rank():
-                print(f"[cluster_check] stopped by {name}: {self.path.resolve()} is marked INCOMPLETE", flush=True)
+            if not self.verdict_written:
+                during = next((section for section in self.selected if section not in self.results), None)
+                self.write(incomplete(len(self.results), len(self.selected), name, during))
+                if is_output_rank():
+                    print(f"[cluster_check] stopped by {name}: {self.path.resolve()} is marked INCOMPLETE",
+                          flush=True)
             end_process(128 + number)
 
         for number in (signal.SIGTERM, signal.SIGINT):
