@@ -40,7 +40,6 @@ from megatron.config.run_inputs import INFERENCE_SCRIPTS  # noqa: E402
 from megatron.config.validate import raise_if_any  # noqa: E402
 from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa: E402
 from megatron.growth.notes import launch_notes as growth_notes  # noqa: E402
-from megatron.host.build_locks import remove_stale_build_locks  # noqa: E402
 from megatron.host.extension_cache import use_environment_cache  # noqa: E402
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size  # noqa: E402
 from megatron.launch.node_resources import node_core_notes, node_memory_problems  # noqa: E402
@@ -66,8 +65,7 @@ def split_arguments(args: list[str]) -> tuple[str, list[str], list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    cache = use_environment_cache()
-    remove_stale_build_locks(cache)  # before anything may compile (build_locks.py)
+    use_environment_cache()
     try:
         script, files, overrides = split_arguments(argv)
         from deepspeed.accelerator import get_accelerator

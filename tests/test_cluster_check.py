@@ -14,24 +14,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from megatron.cluster_check.collectives import bus_factor
-from megatron.cluster_check.golden import REPOSITORY_CURVE, CurveError, curve_losses, read_curve
+from megatron.cluster_check.golden import curve_losses, make_curve, read_curve_file
 from megatron.cluster_check.ranks import Ranks
 from megatron.cluster_check.report import FAIL, PASS, SKIP, Finding, RunDescription, SectionResult
 from megatron.cluster_check.report import console_summary, markdown
 from megatron.cluster_check.throughput import largest_micro_batch
 from megatron.cluster_check.variants import batch_split, small_model, variant
 from megatron.config import ConfigError, load_config
+from megatron.config.golden_curve import REPOSITORY_CURVE, CurveError
 from megatron.config.argument import encode_config
 from megatron.config.run_inputs import CLUSTER_CHECK_FAILED
 from megatron.config.schema import CLUSTER_CHECK_SECTIONS
@@ -79,6 +84,17 @@ def test_the_small_model_is_a_valid_config_in_every_layout(layout):
     assert small.hidden_size // small.num_attention_heads == 96 and small.num_layers == 2 * max(1, pipe)
     assert small.precision == cfg.precision and small.load is None and small.save is None
 
+
+def test_the_small_model_sets_the_token_count_of_every_pattention_the_spec_declares(monkeypatch):
+    from megatron.model import spec as model_spec
+
+    cfg = load_config([TINY], ["data_path=d", "num_gpus=2"], world_size=2)
+    branch = model_spec.PattentionSpec("branch", "branch_slot_num", "branch", "branch", "ffn")
+    monkeypatch.setattr(model_spec, "LAYER_PATTENTIONS", (*model_spec.LAYER_PATTENTIONS[:4], branch))
+    model = small_model(cfg, 2, 0)
+    assert {key: model.get(key) for key in ("qkv_slot_num", "proj_slot_num", "branch_slot_num")} == {
+        "qkv_slot_num": 128, "proj_slot_num": 128, "branch_slot_num": 256}
+    assert "ffn_slot_num" not in model
 
 def test_the_micro_batch_is_the_largest_the_memory_model_fits():
     cfg = load_config(["configs/1-5B.yml"], ["data_path=d", "vocab_file=v", "num_gpus=8"], world_size=8)
@@ -130,8 +146,6 @@ def gpu_facts(host_devices: dict[str, int], **changes) -> list[dict]:
 
 def test_gpu_nodes_that_disagree_are_named_with_both_values():
     """The environment section's judgements on GPU facts (this machine has none to gather)."""
-    import torch
-
     from megatron.cluster_check import environment
     from megatron.cluster_check.context import CheckContext
 
@@ -156,6 +170,52 @@ def test_gpu_nodes_that_disagree_are_named_with_both_values():
     assert len(result.findings) == 5
 
 
+def bytes_read_by_this_process() -> int:
+    """What this process has read through read(2) so far (/proc/self/io's rchar)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["rchar"])
+
+
+def environment_on_a_large_index(prefix: str) -> tuple[str, int]:
+    """Rank body: the environment section of a config whose dataset has a 512 MiB .idx; (its status, the bytes
+    this rank read meanwhile)."""
+    from megatron.cluster_check import environment
+    from megatron.cluster_check.context import CheckContext
+
+    cfg = load_config([TINY], [f"data_path={prefix}", "num_gpus=1"], world_size=1)
+    before = bytes_read_by_this_process()
+    result = environment.run(CheckContext(cfg, Ranks.gather(), torch.device("cpu"), "t"))
+    return result.status, bytes_read_by_this_process() - before
+
+
+def test_the_environment_reads_a_few_mib_of_a_large_dataset_index_not_all_of_it(tmp_path):
+    """Every rank of every node digests the dataset files at once: a whole .idx of GBs each would take minutes."""
+    from tests.distributed import run_on_ranks
+
+    prefix = tmp_path / "corpus_text_document"
+    with open(f"{prefix}.idx", "wb") as index:
+        index.truncate(512 * 2**20)  # sparse: nothing on disk, 512 MiB to read
+    Path(f"{prefix}.bin").write_bytes(b"tokens")
+    [(status, read)] = run_on_ranks(1, environment_on_a_large_index, str(prefix))
+    assert status == PASS and read < 32 * 2**20, read
+
+def collectives_of_one_rank() -> SectionResult:
+    """Rank body: the collectives section of a one-process world with a bandwidth floor."""
+    from megatron.cluster_check import collectives
+    from megatron.cluster_check.context import CheckContext
+
+    cfg = load_config([TINY], ["data_path=d", "num_gpus=1", "cluster_check_busbw_floor=1000"], world_size=1)
+    return collectives.run(CheckContext(cfg, Ranks.gather(), torch.device("cpu"), "t"))
+
+
+def test_one_rank_has_no_bandwidth_to_hold_against_a_floor():
+    from tests.distributed import run_on_ranks
+
+    [result] = run_on_ranks(1, collectives_of_one_rank)
+    assert (result.status, result.findings, result.facts) == (PASS, [], {"correct": True})
+    assert result.summary.startswith("one rank: the values are right; bandwidth and latency not applicable")
+    assert "cluster_check_busbw_floor is not applied" in result.figures[0]
+
 def test_the_report_names_every_failure_and_the_console_fits_a_screen():
     results = [SectionResult("environment", PASS, "fine"),
                SectionResult("collectives", FAIL, "slow", ["| a | b |"],
@@ -171,9 +231,7 @@ def test_the_report_names_every_failure_and_the_console_fits_a_screen():
 def test_the_repositorys_golden_curve_is_reproduced_on_this_cpu():
     """The curve ships with the repository: a change to the model, the optimizer or the data generator that moves
     it must be deliberate (regenerate it: python -m megatron.cluster_check.golden --write ...)."""
-    import torch
-
-    curve, threads = read_curve(REPOSITORY_CURVE), torch.get_num_threads()
+    curve, threads = read_curve_file(REPOSITORY_CURVE), torch.get_num_threads()
     torch.set_num_threads(1)  # as one rank of a launch has on this machine: two threads contend with the others
     try:
         losses = curve_losses(curve, torch.device("cpu"))
@@ -186,11 +244,81 @@ def test_the_repositorys_golden_curve_is_reproduced_on_this_cpu():
 def test_a_file_that_is_no_curve_is_named(tmp_path):
     (tmp_path / "curve.json").write_text(json.dumps({"losses": [1.0]}))
     with pytest.raises(CurveError, match="lacks model, optimizer, data, steps, relative_tolerance"):
-        read_curve(tmp_path / "curve.json")
+        read_curve_file(tmp_path / "curve.json")
     (tmp_path / "curve.json").write_text("{")
     with pytest.raises(CurveError, match="cannot be read as JSON"):
-        read_curve(tmp_path / "curve.json")
+        read_curve_file(tmp_path / "curve.json")
 
+
+@pytest.mark.parametrize("field, value, named", [
+    ("losses", [math.nan] * 20, "losses at steps 1, 2, 3, 4, 5 ... are not finite numbers above 0 (step 1: nan)"),
+    ("losses", [5.0] * 19 + [math.inf], "losses at step 20 are not finite numbers above 0 (step 20: inf)"),
+    ("relative_tolerance", math.nan, "relative_tolerance is nan, not a finite number above 0"),
+    ("relative_tolerance", "0.001", "relative_tolerance is '0.001', not a finite number above 0"),
+    ("steps", "20", "steps is '20', not a positive integer"),
+    ("data", {"batch_size": "8", "seed": 1, "successors": 4, "vocab_size": 64}, "data.batch_size is '8'"),
+    ("optimizer", {"lr": math.nan, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}, "optimizer.lr is nan"),
+    ("model", {"hidden_size": 64}, "model: "),
+])
+def test_a_curve_file_with_a_wrong_field_is_refused_naming_it(tmp_path, field, value, named):
+    """A NaN loss or tolerance would pass every device (no comparison with NaN is above a tolerance); a string
+    would end in a traceback after the section trained."""
+    curve = read_curve_file(REPOSITORY_CURVE)
+    curve[field] = value
+    (tmp_path / "curve.json").write_text(json.dumps(curve))  # NaN and Infinity, as Python's json writes them
+    with pytest.raises(CurveError) as refused:
+        read_curve_file(tmp_path / "curve.json")
+    assert str(refused.value).startswith(named), str(refused.value)
+
+
+def test_deepy_refuses_an_unusable_golden_curve_before_any_process_starts(tmp_path):
+    from megatron.launch.preflight import preflight_problems
+    from tests.test_launch_preflight import TWO_RANKS, run_config
+
+    curve = read_curve_file(REPOSITORY_CURVE)
+    curve["relative_tolerance"] = math.nan
+    (tmp_path / "nan.json").write_text(json.dumps(curve))
+    problems = preflight_problems(run_config(tmp_path, "user_script=cluster_check.py",
+                                             f"cluster_check_golden={tmp_path}/nan.json"), TWO_RANKS)
+    assert problems == [f"cluster_check_golden = {tmp_path}/nan.json: relative_tolerance is nan, not a finite "
+                        "number above 0; point it at a file written by python -m megatron.cluster_check.golden "
+                        "--write FILE"]
+    without_golden = run_config(tmp_path, "user_script=cluster_check.py", "cluster_check_sections=[environment]",
+                                f"cluster_check_golden={tmp_path}/nan.json")
+    assert preflight_problems(without_golden, TWO_RANKS) == []
+
+
+def test_a_run_that_diverges_writes_no_curve(tmp_path, monkeypatch):
+    """--write refuses a curve with a NaN loss, which every later check would pass."""
+    from megatron.cluster_check import golden
+
+    template = read_curve_file(REPOSITORY_CURVE)
+    template.update(steps=2, losses=[1.0, 1.0])
+    template["optimizer"]["lr"] = 1e30  # the first step's update overflows: the second loss is NaN
+    with pytest.raises(CurveError, match="the run on cpu gave no usable curve: losses at step 2 are not finite"):
+        make_curve(template, torch.device("cpu"))
+    (tmp_path / "template.json").write_text(json.dumps(template))
+    monkeypatch.setattr(sys, "argv", ["golden", "--write", str(tmp_path / "out.json"), "--from",
+                                      str(tmp_path / "template.json")])
+    with pytest.raises(SystemExit, match=f"nothing written to {tmp_path}/out.json"):
+        golden.main()
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_a_cluster_check_of_no_section_is_refused_when_the_config_loads():
+    with pytest.raises(ConfigError, match="cluster_check_sections is empty: the cluster check would check nothing"):
+        load_config([TINY], ["data_path=d", "cluster_check_sections=[]"])
+
+def test_the_check_started_without_deepy_names_the_command_that_starts_it(monkeypatch, capsys):
+    from megatron.runtime.entry import run_rank
+
+    monkeypatch.setattr(sys, "argv", ["cluster_check.py", "configs/1-5B.yml"])
+    with pytest.raises(SystemExit) as exited:
+        run_rank(lambda cfg: 0, "the cluster check")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == ("cluster_check.py runs on the processes deepy.py starts, with the config "
+                                       "deepy.py checked: python deepy.py cluster_check.py CONFIG.yml "
+                                       "[CONFIG.yml ...] [key=value ...]\n")
 
 # --- real runs --------------------------------------------------------------------------------------------------
 
@@ -214,6 +342,37 @@ def test_four_processes_in_tensor_by_pipeline_layout_pass_every_section(demo_dat
     assert "4 device(s) reproduce golden_curve.json" in report and "CPU processes: the config's architecture" in report
     assert sorted(p.name for p in (tmp_path / "save").iterdir()) == []  # the check leaves nothing in `save`
 
+
+@pytest.mark.slow
+def test_a_check_stopped_midway_leaves_its_report_incomplete_with_the_signal(demo_data, tmp_path):
+    """Ctrl-C to deepy.py during the golden section (a 200-step curve: long enough to be caught in it). Before,
+    the report of the sections done read as a verdict over them, and deepy.py spoke of saving a checkpoint."""
+    curve = read_curve_file(REPOSITORY_CURVE)
+    curve.update(steps=200, losses=[1.0] * 200)
+    (tmp_path / "long.json").write_text(json.dumps(curve))
+    report = tmp_path / "logs" / "cluster_check.md"
+    command = [sys.executable, "deepy.py", "cluster_check.py", TINY, *data_overrides(demo_data),
+               f"log_dir={tmp_path}/logs", "cluster_check_sections=[environment, golden]",
+               f"cluster_check_golden={tmp_path}/long.json", f"master_port={free_port()}"]
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        deepy = subprocess.Popen(command, cwd=REPO, stdout=stdout, stderr=stderr, env=dict(os.environ,
+                                                                                        PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+    while "1 of 2 sections done" not in (report.read_text() if report.is_file() else ""):
+        assert deepy.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+        time.sleep(0.1)
+    midway = report.read_text().splitlines()[0]  # what a SIGKILL would leave
+    deepy.send_signal(signal.SIGINT)
+    deepy.wait(timeout=RUN_TIMEOUT_SECONDS)
+    stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+    assert midway == ("# Cluster check: INCOMPLETE (1 of 2 sections done; the check has not ended, or was killed: "
+                      "the verdict is written when it ends)")
+    assert deepy.returncode == 128 + signal.SIGINT, stdout + stderr
+    assert report.read_text().splitlines()[0] == ("# Cluster check: INCOMPLETE (stopped by SIGTERM during golden: "
+                                                  "1 of 2 sections done)")
+    assert "SIGTERM sent to the 2 ranks here, which stop the check and mark its report INCOMPLETE" in stderr
+    assert "deepy.py: cluster_check.py stopped at your request (SIGINT)" in stderr
+    assert "save a checkpoint" not in stderr and "Traceback" not in stdout + stderr, stdout + stderr
 
 def other_dataset(demo_data: Path, folder: Path) -> str:
     """The first half of the demo corpus's documents as a dataset of its own: another file under the same name."""
@@ -295,7 +454,7 @@ def test_data_that_differs_on_one_rank_fails_the_environment(demo_data, tmp_path
 @pytest.mark.slow
 def test_a_golden_curve_that_does_not_match_fails_the_golden_section(demo_data, tmp_path):
     """Through deepy.py, which says the check found failures rather than naming a crashed rank."""
-    curve = read_curve(REPOSITORY_CURVE)
+    curve = read_curve_file(REPOSITORY_CURVE)
     curve["losses"] = [loss * 1.01 for loss in curve["losses"]]
     (tmp_path / "curve.json").write_text(json.dumps(curve))
     result = run_deepy("cluster_check.py", TINY, *data_overrides(demo_data), f"log_dir={tmp_path}/logs",

@@ -1,4 +1,4 @@
-"""DeepSpeed's compiled ops are cached per Python environment (its build locks: tests/test_build_locks.py), and a
+"""DeepSpeed's compiled ops are cached per Python environment, and a
 training rank builds none it does not use."""
 
 from __future__ import annotations
@@ -46,11 +46,21 @@ def test_a_read_only_environment_gets_a_folder_of_its_own_in_the_users_cache(tmp
     assert environment_cache(tmp_path, tmp_path / "home") == tmp_path / "torch_extensions"
 
 
-def test_deepy_sets_it_for_what_it_launches(tmp_path):
+def test_deepy_sets_it_for_what_it_launches_and_neither_side_patches_torchs_builds():
+    """No start compiles through torch's FileBaton (a rank marks DeepSpeed's CPU collectives op unavailable: the
+    test below), so neither deepy.py nor a rank's preparation patches it or keeps locks of its own in the cache."""
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
-    code = "import os, deepy; deepy.main([]); print(os.environ['TORCH_EXTENSIONS_DIR'])"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.stdout.strip().splitlines()[-1] == str(environment_cache(Path(sys.prefix), Path.home()))
+    code = ("import os, sys, deepy; from torch.utils.file_baton import FileBaton; shipped = FileBaton.try_acquire; "
+            "from megatron.config import load_config; from megatron.runtime.entry import _prepare_process; "
+            "from megatron.runtime.settings import RuntimeSettings; deepy.main([]); "
+            "print('cache:', os.environ['TORCH_EXTENSIONS_DIR']); "
+            "_prepare_process(RuntimeSettings.from_config(load_config([sys.argv[1]], ['data_path=d']))); "
+            "print('untouched:', FileBaton.try_acquire is shipped)")
+    result = subprocess.run([sys.executable, "-c", code, str(REPO / "tests" / "tiny.yml")], cwd=REPO, env=env,
+                            capture_output=True, text=True)
+    said = dict(line.split(": ", 1) for line in result.stdout.splitlines() if line.startswith(("cache:", "untouched:")))
+    assert said == {"cache": str(environment_cache(Path(sys.prefix), Path.home())), "untouched": "True"}, (
+        result.stdout + result.stderr)
 
 
 def rank_start(config: Path, extensions: str) -> tuple[bool, list[str], list[str]]:

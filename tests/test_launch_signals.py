@@ -16,7 +16,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from megatron.host.build_locks import CLAIM_PREFIX
 from megatron.launch.supervise import runs_script
 from tests.conftest import REPO, run_deepy
 from tests.distributed import free_port
@@ -61,8 +60,6 @@ def test_a_stop_signal_to_deepy_saves_on_every_rank_and_exits_0(demo_data, tmp_p
     descendants = psutil.Process(launcher.pid).children(recursive=True)
     ranks = [p for p in descendants if runs_script(p.cmdline(), "train.py")]
     assert len(ranks) == 2
-    for rank in ranks:  # each holds its claim on the op cache, which keeps its build lock (host/build_locks.py)
-        assert any(Path(f.path).name.startswith(CLAIM_PREFIX) for f in rank.open_files()), rank.open_files()
 
     second = run_deepy("train.py", TINY, *data_overrides(demo_data), f"save={run / 'checkpoints'}",
                        f"log_dir={tmp_path / 'second'}", f"master_port={free_port()}", check=False, timeout=120)

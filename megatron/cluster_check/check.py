@@ -1,5 +1,6 @@
 """The cluster check's run on every rank: the sections in order, each skipped (saying why) when one before found
-its premise false, the report written after each, the console summary at the end, and the exit status.
+its premise false, the report written after each (INCOMPLETE until the last, then the verdict), the console
+summary at the end, and the exit status; a stop signal ends every rank at once, the report saying so.
 
 Premises: every section but the environment needs each rank to have a device of its own (environment fact
 `devices`); numerics and throughput, which train, need collectives that give the right values (collectives fact
@@ -13,6 +14,7 @@ traceback goes to that rank's stderr); the check goes on when every rank came ba
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 import traceback
@@ -24,12 +26,13 @@ import torch.distributed as dist
 from megatron.cluster_check import collectives, environment, golden, numerics, throughput
 from megatron.cluster_check.context import CheckContext
 from megatron.cluster_check.ranks import Ranks, gather
-from megatron.cluster_check.report import (FAIL, SKIP, RunDescription, SectionResult, console_summary, markdown,
-                                           overall)
+from megatron.cluster_check.report import (FAIL, SKIP, RunDescription, SectionResult, console_summary, incomplete,
+                                           markdown, overall)
 from megatron.config import Config
 from megatron.config.run_inputs import CLUSTER_CHECK_FAILED
 from megatron.config.schema import CLUSTER_CHECK_SECTIONS
 from megatron.runtime.collectives import from_output_rank, is_output_rank
+from megatron.runtime.entry import end_process
 from megatron.runtime.process_group import initialize_distributed
 
 REPORT_NAME = "cluster_check.md"
@@ -82,27 +85,68 @@ def report_path(cfg: Config) -> Path:
     return Path(cfg.log_dir or ".") / REPORT_NAME
 
 
+class _Report:
+    """log_dir/cluster_check.md, written by the output rank after every section: INCOMPLETE until the check
+    ends, so that a check killed or stopped midway never reads as a verdict."""
+
+    def __init__(self, cfg: Config, description: RunDescription, selected: list[str]):
+        self.path, self.description, self.selected = report_path(cfg), description, selected
+        self.results: dict[str, SectionResult] = {}
+        self.start = time.perf_counter()
+        self.verdict_written = False
+
+    def write(self, status: str | None = None) -> None:
+        """The report with `status` as its header (by default the verdict)."""
+        if is_output_rank():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(markdown(list(self.results.values()), self.description,
+                                          time.perf_counter() - self.start, status), encoding="utf-8")
+        self.verdict_written = status is None
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM (deepy.py's, on Ctrl-C) or SIGINT ends the check at once, its report marked stopped by it:
+        written from the handler and ended with os._exit, since unwinding from wherever the signal landed (a
+        collective, an engine's construction) could hang on ranks that already left. A stop after the verdict
+        was written leaves it."""
+
+        def stop(number: int, frame: object) -> None:
+            name = signal.Signals(number).name
+            if not self.verdict_written:
+                during = next((section for section in self.selected if section not in self.results), None)
+                self.write(incomplete(len(self.results), len(self.selected), name, during))
+                if is_output_rank():
+                    print(f"[cluster_check] stopped by {name}: {self.path.resolve()} is marked INCOMPLETE",
+                          flush=True)
+            end_process(128 + number)
+
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, stop)
+
+
 def run_cluster_check(cfg: Config) -> int:
     """Every rank: the selected sections; returns the exit status (CLUSTER_CHECK_FAILED if a section failed, else
     0)."""
-    start = time.perf_counter()
     placement = initialize_distributed(cfg)
     context = CheckContext(cfg, Ranks.gather(), placement.device, tag=(cfg.launch_id or "run")[:12])
-    description = _description(context)
-    path = report_path(cfg)
-    results: dict[str, SectionResult] = {}
-    for name in (n for n in CLUSTER_CHECK_SECTIONS if n in cfg.cluster_check_sections):
+    selected = [name for name in CLUSTER_CHECK_SECTIONS if name in cfg.cluster_check_sections]
+    report = _Report(cfg, _description(context), selected)
+    report.stop_on_signals()
+    report.write(incomplete(0, len(selected)))
+    for name in selected:
         section_start = time.perf_counter()
-        reason = premise_failed(name, results)
-        result = SectionResult(name, SKIP, f"skipped: {reason}") if reason else _run_section(name, context, results)
+        reason = premise_failed(name, report.results)
+        if reason:
+            result = SectionResult(name, SKIP, f"skipped: {reason}")
+        else:
+            result = _run_section(name, context, report.results)
         result.seconds = time.perf_counter() - section_start
-        result = results[name] = from_output_rank(result)
+        result = report.results[name] = from_output_rank(result)
         if is_output_rank():
             print(f"[cluster_check] {name}: {result.status} ({result.seconds:.1f} s) {result.summary}", flush=True)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(markdown(list(results.values()), description, time.perf_counter() - start),
-                            encoding="utf-8")
+        report.write(incomplete(len(report.results), len(selected)))
     dist.barrier()
+    results = list(report.results.values())
+    report.write()  # the verdict, last
     if is_output_rank():
-        print(console_summary(list(results.values()), path.resolve(), time.perf_counter() - start), flush=True)
-    return CLUSTER_CHECK_FAILED if overall(list(results.values())) == FAIL else 0
+        print(console_summary(results, report.path.resolve(), time.perf_counter() - report.start), flush=True)
+    return CLUSTER_CHECK_FAILED if overall(results) == FAIL else 0

@@ -11,7 +11,7 @@ of a size is the slowest rank's mean over the timed iterations. Sizes run from 1
 CPU processes (gloo) stop at 16 MiB. Stragglers: every rank times the same matrix multiply alone on its device
 (on a CPU one rank after another, as the ranks share the host's cores); a rank above STRAGGLER x the median is
 named. `cluster_check_busbw_floor` (GB/s) fails any measured group whose bus bandwidth at the largest size is
-below it.
+below it. A world of one rank has no link: its collectives are checked for their values only.
 
 facts: `correct` (every collective gave the right values on every rank: the sections that train can run).
 """
@@ -221,6 +221,13 @@ def run(context: CheckContext) -> SectionResult:
     result.facts = {"correct": correct}
     if not correct:
         result.summary = "wrong values: bandwidth not measured"
+        return result
+    if context.ranks.world_size == 1:
+        result.summary = "one rank: the values are right; bandwidth and latency not applicable (no link to measure)"
+        result.figures = ["One rank: the collectives are checked for their values only; without another rank there "
+                          "is no link whose bandwidth or latency could be measured"
+                          + ("; cluster_check_busbw_floor is not applied." if context.cfg.cluster_check_busbw_floor
+                             is not None else ".")]
         return result
     figures = _bandwidths(context, groups)
     latency = _latency_us(context)

@@ -161,8 +161,10 @@ def _paths(result: SectionResult, context: CheckContext) -> bool:
         check_directory(result, ranks, "load", cfg.load, context.tag, written=False)
     files = []
     for key, prefix in dataset_prefixes(cfg):
-        files += [(key, index_file_path(prefix), True), (key, Path(f"{prefix}.bin"), False)]
-    files += [(key, Path(path), True) for key in ("vocab_file", "merge_file") if (path := getattr(cfg, key))]
+        files += [(key, index_file_path(prefix)), (key, Path(f"{prefix}.bin"))]
+    for key in ("vocab_file", "merge_file"):
+        if getattr(cfg, key):
+            files.append((key, Path(getattr(cfg, key))))
     check_files(result, ranks, files)
     return save_shared
 

@@ -19,42 +19,30 @@ import argparse
 import datetime
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from megatron.cli import InputError
 from megatron import mpu
 from megatron.cluster_check.context import CheckContext
 from megatron.cluster_check.ranks import gather
 from megatron.cluster_check.report import SectionResult
 from megatron.cluster_check.synthetic import MarkovTokens
 from megatron.cluster_check.training_runs import exact_arithmetic
+from megatron.config.golden_curve import CURVE_KEYS, REPOSITORY_CURVE, CurveError, curve_problem, read_curve
 from megatron.model import TokenFormerArgs, TokenFormerModel
+from megatron.model.args import args_problem
 from megatron.training.optimizer import parameter_groups
 from megatron.training.step import lm_loss
 
 NAME = "golden"
-REPOSITORY_CURVE = Path(__file__).with_name("golden_curve.json")
-CURVE_KEYS = ("model", "optimizer", "data", "steps", "relative_tolerance", "losses")
 
 
-class CurveError(InputError):
-    """A curve file that cannot be used, with the reason."""
-
-
-def read_curve(path: Path) -> dict:
-    try:
-        curve = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CurveError(f"cannot be read as JSON: {error}") from None
-    missing = [key for key in CURVE_KEYS if not isinstance(curve, dict) or key not in curve]
-    if missing:
-        raise CurveError(f"is not a curve file: it lacks {', '.join(missing)}")
-    if len(curve["losses"]) != curve["steps"]:
-        raise CurveError(f"holds {len(curve['losses'])} losses for {curve['steps']} steps")
-    return curve
+def read_curve_file(path: Path) -> dict:
+    """The curve file at `path`, every field judged, the model's by TokenFormerArgs (CurveError)."""
+    return read_curve(path, args_problem)
 
 
 def curve_losses(curve: dict, device: torch.device) -> list[float]:
@@ -83,9 +71,9 @@ def run(context: CheckContext) -> SectionResult:
     result = SectionResult(NAME)
     path = Path(context.cfg.cluster_check_golden or REPOSITORY_CURVE)
     try:
-        curve = read_curve(path)
+        curve = read_curve_file(path)
     except CurveError as error:
-        result.fail("cluster_check_golden", f"{path} {error}",
+        result.fail("cluster_check_golden", f"{path}: {error}",
                     "point cluster_check_golden at a file written by python -m megatron.cluster_check.golden --write")
         result.summary = f"{path}: unusable"
         return result
@@ -119,9 +107,13 @@ def run(context: CheckContext) -> SectionResult:
 
 
 def make_curve(template: dict, device: torch.device) -> dict:
-    """`template`'s run on `device`, as a new curve file's content."""
+    """`template`'s run on `device`, as a new curve file's content; CurveError if the run's losses are not a
+    curve (a NaN loss, which every later comparison would pass)."""
     curve = {key: template[key] for key in CURVE_KEYS if key != "losses"}
     curve["losses"] = curve_losses(curve, device)
+    problem = curve_problem(curve, args_problem)
+    if problem:
+        raise CurveError(f"the run on {device} gave no usable curve: {problem}")
     curve["made_with"] = {"device": str(device), "torch": torch.__version__,
                           "date": datetime.date.today().isoformat()}
     return curve
@@ -134,8 +126,15 @@ def main() -> None:
                         help="the curve whose model, data and steps to run (default: the repository's)")
     parser.add_argument("--device", default="cpu", help="where to run it (cpu, cuda, ...)")
     options = parser.parse_args()
-    curve = make_curve(read_curve(options.template), torch.device(options.device))
-    options.write.write_text(json.dumps(curve, indent=1) + "\n", encoding="utf-8")
+    try:
+        template = read_curve_file(options.template)
+    except CurveError as error:
+        sys.exit(f"golden: --from {options.template}: {error}")
+    try:
+        curve = make_curve(template, torch.device(options.device))
+    except CurveError as error:
+        sys.exit(f"golden: {error}; nothing written to {options.write}")
+    options.write.write_text(json.dumps(curve, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     print(f"wrote {options.write}: {curve['steps']} losses from {curve['losses'][0]:.4f} to {curve['losses'][-1]:.4f}")
 
 

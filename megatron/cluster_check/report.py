@@ -4,7 +4,9 @@
 A section ends PASS, FAIL or SKIP. Every FAIL carries at least one `Finding`: where (a rank and its host, a
 host, a group of ranks), what was seen, and the likely fix, so that the person reading the report on a new
 cluster knows which node to look at. `facts` are what later sections' premises read (megatron/cluster_check/
-sections.py): a section is skipped when one it depends on found its premise false.
+sections.py): a section is skipped when one it depends on found its premise false. Until the check ends the
+report's header says INCOMPLETE (`incomplete`), with the signal that stopped it if one did: a verdict covers
+every selected section or is not given.
 """
 
 from __future__ import annotations
@@ -54,11 +56,21 @@ def overall(results: list[SectionResult]) -> str:
     return FAIL if any(r.status == FAIL for r in results) else PASS
 
 
-def markdown(results: list[SectionResult], run: RunDescription, seconds: float) -> str:
-    """The report: a header, a table of the sections, then each section's figures and findings."""
+def incomplete(done: int, selected: int, stopped_by: str | None = None, during: str | None = None) -> str:
+    """The header of a check that has not ended: a verdict needs every selected section."""
+    if stopped_by is None:
+        return (f"INCOMPLETE ({done} of {selected} sections done; the check has not ended, or was killed: the "
+                "verdict is written when it ends)")
+    where = f" during {during}" if during else ""
+    return f"INCOMPLETE (stopped by {stopped_by}{where}: {done} of {selected} sections done)"
+
+
+def markdown(results: list[SectionResult], run: RunDescription, seconds: float, status: str | None = None) -> str:
+    """The report: a header with `status` (by default the verdict, overall's), a table of the sections, then each
+    section's figures and findings."""
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     hosts = ", ".join(run.hosts)
-    lines = [f"# Cluster check: {overall(results)}", "",
+    lines = [f"# Cluster check: {status or overall(results)}", "",
              f"- date: {date}; {seconds:.0f} s",
              f"- configs: {' '.join(run.config_files) or '(none recorded)'}",
              f"- {run.world_size} processes on {len(run.hosts)} host{'s' * (len(run.hosts) != 1)} ({hosts}); "

@@ -8,8 +8,9 @@ much later. Two checks, both collective:
   finds another value, or nothing, sees another directory under that path. `save` must also take a file from
   every rank (the ranks write their own checkpoint shards). A `load` that rank 0 cannot write into is compared
   by its listing and `latest` instead.
-- a file (each dataset's .idx and .bin, the tokenizer): every rank hashes it (the .idx whole, the .bin's size
-  and first and last MiB: it may be terabytes) and the digests are compared with rank 0's.
+- a file (each dataset's .idx and .bin, the tokenizer): every rank digests its size and SAMPLED_BLOCKS MiB
+  spread over it (a small file whole) and the digests are compared with rank 0's. Not the whole file: an .idx
+  of GBs, read by every rank of a node at once, would take minutes, and a .bin may be terabytes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from megatron.cluster_check.ranks import Ranks, gather
 from megatron.cluster_check.report import SectionResult
 
 NONCE_PREFIX = ".cluster_check_nonce_"
-BIN_EDGE_BYTES = 2**20
+SAMPLED_BLOCKS = 8
+BLOCK_BYTES = 2**20
 
 
 def _read(path: Path) -> str | None:
@@ -100,29 +102,29 @@ def check_directory(result: SectionResult, ranks: Ranks, key: str, value: str, t
     return passed
 
 
-def file_digest(path: Path, whole: bool) -> str:
-    """sha256 of the file (`whole`), or of its size and first and last MiB; 'unreadable: REASON' when it cannot be
-    read (a missing file included)."""
+def file_digest(path: Path) -> str:
+    """sha256 of the file's size and of SAMPLED_BLOCKS blocks evenly spread from its first byte to its last (the
+    whole file when it is no larger); 'unreadable: REASON' when it cannot be read (a missing file included)."""
     try:
         with open(path, "rb") as handle:
-            if whole:
-                return hashlib.file_digest(handle, "sha256").hexdigest()
             size = os.fstat(handle.fileno()).st_size
             digest = hashlib.sha256(str(size).encode())
-            digest.update(handle.read(BIN_EDGE_BYTES))
-            handle.seek(max(0, size - BIN_EDGE_BYTES))
-            digest.update(handle.read(BIN_EDGE_BYTES))
+            last_start = max(0, size - BLOCK_BYTES)
+            starts = sorted({last_start * block // (SAMPLED_BLOCKS - 1) for block in range(SAMPLED_BLOCKS)})
+            for start in starts:
+                handle.seek(start)
+                digest.update(handle.read(BLOCK_BYTES))
             return digest.hexdigest()
     except OSError as error:
         return f"unreadable: {error.strerror}"
 
 
-def check_files(result: SectionResult, ranks: Ranks, files: list[tuple[str, Path, bool]]) -> bool:
-    """Collective: is each (key, path, hash whole) the same file on every rank as on rank 0? Findings go into
-    `result`; returns whether all were."""
-    digests = gather([file_digest(path, whole) for _, path, whole in files])
+def check_files(result: SectionResult, ranks: Ranks, files: list[tuple[str, Path]]) -> bool:
+    """Collective: is each (key, path) the same file on every rank as on rank 0? Findings go into `result`;
+    returns whether all were."""
+    digests = gather([file_digest(path) for _, path in files])
     passed = True
-    for index, (key, path, _) in enumerate(files):
+    for index, (key, path) in enumerate(files):
         expected = digests[0][index]
         differing = [rank for rank, d in enumerate(digests) if d[index] != expected]
         if not differing:

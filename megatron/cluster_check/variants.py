@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from megatron.config import Config
+from megatron.model.spec import layer_pattentions
 
 # Keys the section never takes from the user's run: derived again from the changes, or meaningless here.
 _RESET = {"train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
@@ -32,15 +33,17 @@ def variant(cfg: Config, **changes: Any) -> Config:
 def small_model(cfg: Config, tensor: int, pipe: int) -> dict[str, Any]:
     """A few-million-parameter model of the config's kind that every layout of `tensor` x `pipe` can split: two
     heads per tensor rank of the config's head width (so rotary_pct keeps its even rotary dims), 64 parameter
-    tokens per tensor rank (128 for the FFN), two layers per pipeline stage, 64-token sequences."""
+    tokens per tensor rank for each slot key of the spec's Pattentions (128 for the FFN's), two layers per
+    pipeline stage, 64-token sequences."""
     heads = 2 * tensor
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     tokenformer = cfg.model_type == "tokenformer"
-    return {"num_layers": 2 * max(1, pipe), "hidden_size": heads * head_dim, "num_attention_heads": heads,
-            "qkv_slot_num": 64 * tensor if tokenformer else None,
-            "proj_slot_num": 64 * tensor if tokenformer else None,
-            "ffn_slot_num": 128 * tensor if tokenformer else None, "seq_length": 64,
-            "max_position_embeddings": None}
+    model = {"num_layers": 2 * max(1, pipe), "hidden_size": heads * head_dim, "num_attention_heads": heads,
+             "seq_length": 64, "max_position_embeddings": None}
+    for spec in layer_pattentions():
+        tokens_per_rank = 128 if spec.component == "ffn" else 64
+        model[spec.slot_key] = tokens_per_rank * tensor if tokenformer else None
+    return model
 
 
 def fp32(cfg: Config, lr: float) -> dict[str, Any]:

@@ -285,6 +285,9 @@ def _partition_method_is_known(v: Mapping[str, Any]) -> str | None:
 
 def _cluster_check_sections_are_known(v: Mapping[str, Any]) -> str | None:
     sections = SCHEMA["cluster_check_sections"].default  # all of them, in the order they run
+    if not v["cluster_check_sections"]:
+        return (f"cluster_check_sections is empty: the cluster check would check nothing; name the sections to run "
+                f"(from {', '.join(sections)}), or leave the key out for all of them")
     unknown = [name for name in v["cluster_check_sections"] if name not in sections]
     if unknown:
         return (f"cluster_check_sections: {', '.join(map(repr, unknown))} is not a section; choose from "

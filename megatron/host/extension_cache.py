@@ -5,8 +5,6 @@ environment of the user: two checkouts with different torch builds would rebuild
 start, a build of minutes each time. So every entry point (deepy.py, and each rank for launches without it) sets it to
 `<environment>/torch_extensions` unless the user set it (a folder of the environment's own in the user's cache
 where the environment is read-only).
-
-A build lock left in it by an interrupted start is removed before launching (build_locks.py).
 """
 
 from __future__ import annotations

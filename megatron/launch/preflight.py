@@ -12,7 +12,8 @@ launch and prints one traceback per rank.
   checkpoint was saved with (megatron/growth/norm_ramp.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
   machine, it and log_dir (generate.py: sample_output_file's folder) can be written (or created);
-- on a launch from this machine, master_port is free.
+- on a launch from this machine, master_port is free;
+- the cluster check's golden curve file, field by field (megatron/config/golden_curve.py).
 
 `preflight_notes` says what is allowed but likely unintended: a train split that training reads many times;
 `nothing_left_to_train`, that a run need not start: its checkpoint already reached train_iters.
@@ -30,6 +31,7 @@ from megatron.checkpoint.selection import (newest_usable_tag, screened_file_prob
                                            verified_file_problems)
 from megatron.config import Config, ConfigError
 from megatron.config.eval_tasks import eval_task_problems
+from megatron.config.golden_curve import REPOSITORY_CURVE, CurveError, read_curve
 from megatron.config.run_inputs import CLUSTER_CHECK_SCRIPT, INFERENCE_SCRIPTS, dataset_prefixes
 from megatron.data.data_utils import train_split_problem, train_split_repeats, train_split_shortfall
 from megatron.data.dataset_check import dataset_problems
@@ -47,6 +49,7 @@ from megatron.launch.hosts import is_local_host
 from megatron.launch.load_check import load_problem
 from megatron.launch.ports import is_free, master_port
 from megatron.launch.resources import Slots, world_size
+from megatron.model.args import args_problem
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 
 
@@ -242,6 +245,20 @@ def _inference_problems(cfg: Config, slots: Slots) -> list[str]:
     return problems
 
 
+def _golden_curve_problems(cfg: Config) -> list[str]:
+    """The cluster check's golden curve file, which its golden section would otherwise find unusable only after
+    the sections before it ran (or, with a NaN in it, pass on every device)."""
+    if Path(cfg.user_script or "train.py").name != CLUSTER_CHECK_SCRIPT or "golden" not in cfg.cluster_check_sections:
+        return []
+    path = Path(cfg.cluster_check_golden or REPOSITORY_CURVE)
+    try:
+        read_curve(path, args_problem)
+    except CurveError as error:
+        return [f"cluster_check_golden = {path}: {error}; point it at a file written by python -m "
+                "megatron.cluster_check.golden --write FILE"]
+    return []
+
+
 def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
     """Every problem of the run's input files, save directory and port; [] if it can start."""
     vocabulary, problems = _padded_vocabulary(cfg)
@@ -266,6 +283,7 @@ def preflight_problems(cfg: Config, slots: Slots) -> list[str]:
                 problems += _resume_problems(cfg, vocabulary, world_size(slots))
         else:
             problems += _norm_ramp_problems(cfg, None)
+        problems += _golden_curve_problems(cfg)
     else:
         problems += _inference_problems(cfg, slots)
     return problems + _master_port_problem(cfg, slots)

@@ -6,7 +6,8 @@ So the launcher (local_ranks.py here; DeepSpeed's runner, srun or mpirun across 
 own; deepy.py sends SIGTERM to each rank on this machine (the launcher forwards it to the others) and exits as the
 launcher does. As the subreaper of its descendants, it stops the ranks of a killed launcher too. A failed job
 ends on the rank that ended first, and how (first_to_end.py; a SIGKILL by the out-of-memory killer named as
-such, out_of_memory.py), or, when the stop reached ranks still starting, on "stopped at your request", 128+N.
+such, out_of_memory.py), or, when the stop reached ranks still starting, on "stopped at your request", 128+N;
+a stopped cluster check, whose ranks end at once, leaves its report INCOMPLETE and says so, 128+N.
 """
 
 from __future__ import annotations
@@ -97,13 +98,15 @@ def _say(line: str) -> None:
         pass
 
 
-def _stop(ranks: list[psutil.Process], reason: str) -> None:
+def _stop(ranks: list[psutil.Process], reason: str, script: str) -> None:
     for process in ranks:
         try:
             process.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass  # ended meanwhile
-    _say(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which save a checkpoint and stop")
+    then = ("stop the check and mark its report INCOMPLETE" if Path(script).name == CLUSTER_CHECK_SCRIPT else
+            "save a checkpoint and stop")
+    _say(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which {then}")
 
 
 def _why_killed(first_to_end: FirstRankToEnd, kills_before: dict[str, int]) -> str | None:
@@ -140,7 +143,7 @@ def run_launcher(command: list[str], script: str) -> int:
     def pass_on(number: int) -> None:
         ranks = _local_ranks(this_process, script)
         if ranks:
-            _stop(ranks, f"{signal.Signals(number).name} received")
+            _stop(ranks, f"{signal.Signals(number).name} received", script)
         else:  # ranks on other hosts, or none yet: the launcher (srun, mpirun) forwards it to them
             launcher.send_signal(signal.SIGTERM)
 
@@ -165,7 +168,7 @@ def run_launcher(command: list[str], script: str) -> int:
     code = launcher.wait()
     orphans = _local_ranks(this_process, script) if code < 0 else []
     if orphans:
-        _stop(orphans, f"the launcher was ended by {signal.Signals(-code).name}")
+        _stop(orphans, f"the launcher was ended by {signal.Signals(-code).name}", script)
         gone, _ = psutil.wait_procs(orphans)
         code = next((p.returncode for p in gone if p.returncode), 0)
     # Ranks left behind by a killed launcher end on their own, and their runners with them; what outlives them
@@ -177,6 +180,11 @@ def run_launcher(command: list[str], script: str) -> int:
     if code < 0:
         code = 128 - code
     first_to_end.wait()
+    if code and requested and Path(script).name == CLUSTER_CHECK_SCRIPT:
+        name = signal.Signals(requested[0]).name
+        _say(f"deepy.py: {script} stopped at your request ({name}); a report it began (cluster_check.md in "
+             "log_dir) is marked INCOMPLETE")
+        return 128 + requested[0]
     if code and requested and first_to_end.code in (None, -signal.SIGTERM):
         # The stop reached ranks still starting (importing, compiling), before they could catch it and save.
         name = signal.Signals(requested[0]).name

@@ -144,3 +144,13 @@ class TokenFormerArgs:
         for name in ("pattention_tau", "layernorm_epsilon", "init_method_std", "rotary_emb_base"):
             if not getattr(self, name) > 0:
                 raise InputError(f"{name}={getattr(self, name)!r}: must be positive")
+
+
+def args_problem(values: dict[str, Any]) -> str | None:
+    """Why TokenFormerArgs(**values) is refused (a field it lacks or does not know, a wrong value); None if it is
+    not: a file naming a model (a golden curve's) is judged before anything is built from it."""
+    try:
+        TokenFormerArgs(**values)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return None

@@ -9,6 +9,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -20,7 +21,6 @@ from megatron.config import Config, ConfigError
 from megatron.config.argument import decode_config
 from megatron.data.token_ids import TokenIdError
 from megatron.formats.deepspeed.reader import CheckpointUnreadable
-from megatron.host.build_locks import hold_build_claim
 from megatron.host.extension_cache import use_environment_cache
 from megatron.host.orphan_watch import watch_launcher
 from megatron.runtime.agreed_error import AgreedError
@@ -78,7 +78,7 @@ def _prepare_process(settings: RuntimeSettings) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     share_cores()
     watch_launcher()
-    hold_build_claim(use_environment_cache())  # before anything compiles into it (host/build_locks.py)
+    use_environment_cache()
 
 
 def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
@@ -91,10 +91,15 @@ def run_rank(main: Callable[[Config], object], description: str) -> NoReturn:
     traceback behind it (the message names the cause), and exits 1. Any other error prints its traceback and
     exits 1 through end_process too: left to the interpreter, the exit could abort instead."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--megatron_config", required=True,
-                        help="resolved config from deepy.py (zlib-compressed JSON, base64)")
+    parser.add_argument("--megatron_config", help="resolved config from deepy.py (zlib-compressed JSON, base64)")
     parser.add_argument("--local_rank", type=int, default=None, help="set by DeepSpeed's launcher")
-    cfg = decode_config(parser.parse_args().megatron_config)
+    parser.add_argument("by_hand", nargs="*", help=argparse.SUPPRESS)  # a config file given as to deepy.py
+    options = parser.parse_args()
+    if options.megatron_config is None or options.by_hand:
+        script = Path(sys.argv[0]).name
+        parser.exit(2, f"{script} runs on the processes deepy.py starts, with the config deepy.py checked: "
+                       f"python deepy.py {script} CONFIG.yml [CONFIG.yml ...] [key=value ...]\n")
+    cfg = decode_config(options.megatron_config)
     _prepare_process(RuntimeSettings.from_config(cfg))
     code, finished = 1, False
     try:
