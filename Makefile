@@ -28,9 +28,10 @@ demo-data: $(DEMO_DATA)
 demo: $(DEMO_DATA)
 	$(PY) deepy.py train.py configs/demo.yml
 
-# Everything but the `gpu` tier (markers: pyproject.toml).
+# Everything but the `gpu` tier (markers: pyproject.toml), on two workers, each test file on one of them (its
+# module fixtures built once); tests/conftest.py starts the files with multi-process runs first.
 test: $(STAMP)
-	$(PY) -m pytest tests -m "not gpu" --durations=30
+	$(PY) -m pytest tests -m "not gpu" -n 2 --dist loadfile --durations=30
 
 # Unit tests only: no multi-process runs, package index, system services or GPU (about 2 minutes).
 test-fast: $(STAMP)

@@ -66,10 +66,20 @@ def read_metrics(log_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def session_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every process of the session sees: the base temporary folder, or under pytest-xdist (make test
+    runs two workers) the controller's, which holds each worker's."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """`gpu` tests need CUDA: skipped with that reason on a machine without it (`make test-gpu` runs them). The
-    Docker image's test runs last, so that its build (started with the session) has the suite's time."""
-    items.sort(key=lambda item: item.path.name == IMAGE_TEST)  # stable: the others keep their order
+    """Files with multi-process runs (`slow`) first, so that under pytest-xdist the long ones start early and the
+    many short ones fill in around them; the Docker image's test last, so that its build (started with the
+    session) has the suite's time. `gpu` tests need CUDA: skipped with that reason on a machine without it
+    (`make test-gpu` runs them)."""
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: (item.path.name == IMAGE_TEST, item.path not in slow_files))  # stable
     import torch
 
     if torch.cuda.is_available():
@@ -90,10 +100,14 @@ def pytest_collection_finish(session) -> None:
             item.path.name == IMAGE_TEST for item in session.items):
         from tests import docker_build
 
-        docker_build.start_for_session()
+        docker_build.start_for_session(session_folder(session.config._tmp_path_factory))
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
+    """The build no test took is ended: by the one process of the session, or under pytest-xdist by the controller,
+    once every worker is done."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     from tests import docker_build
 
-    docker_build.stop_session_build()
+    docker_build.stop_session_build(session.config._tmp_path_factory.getbasetemp())

@@ -6,9 +6,9 @@ the test then waits for it (or, run alone, starts it itself). The process instal
 if missing, makes the Debian base image if missing (kept between runs), builds the project's image from the
 unchanged Dockerfile, and runs the unit tier in it at idle CPU priority: in a cgroup marked idle (cpu.idle, or
 the lowest weight), it takes only the cores the suite leaves idle, and the suite's runs keep theirs (a nice
-value alone would not do: the container runs in a cgroup, or an autogroup, of its own). Its last line on stdout
-is a JSON record: the image's tag and the unit tier's exit status and output, or the step that failed with its
-command and the end of its output.
+value alone would not do: the container runs in a cgroup, or an autogroup, of its own). It ends by writing
+WORK_DIR/result.json: the image's tag and the unit tier's exit status and output, or the step that failed with
+its command and the end of its output.
 
     python -m tests.docker_build WORK_DIR TAG
 """
@@ -23,11 +23,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from tests import docker_image
 
@@ -157,63 +158,94 @@ def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
 
 @dataclass
 class BackgroundBuild:
-    """A build running in its own process (and process group); `result()` waits for it."""
+    """A build running in a process group of its own, which writes its result to `work_dir`/result.json;
+    `result()` waits for that file, from any process (under pytest-xdist the image test's worker may not be the
+    one that started the build)."""
 
     work_dir: Path
     tag: str
-    process: subprocess.Popen
+    pid: int
 
     @classmethod
     def start(cls, work_dir: Path) -> BackgroundBuild:
         work_dir.mkdir(parents=True, exist_ok=True)
         tag = f"localhost/tokenformer-neox-test:{uuid.uuid4().hex[:12]}"
-        log = open(work_dir / "build.log", "w")  # noqa: SIM115 - the child writes it; closed with the handle
-        process = subprocess.Popen([sys.executable, "-m", "tests.docker_build", str(work_dir), tag], cwd=REPO,
-                                   stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
-        log.close()
-        return cls(work_dir, tag, process)
+        with open(work_dir / "build.log", "w") as log:
+            process = subprocess.Popen([sys.executable, "-m", "tests.docker_build", str(work_dir), tag], cwd=REPO,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        build = cls(work_dir, tag, process.pid)
+        (work_dir / "build.json").write_text(json.dumps({"tag": tag, "pid": process.pid}))
+        return build
+
+    @classmethod
+    def find(cls, work_dir: Path) -> BackgroundBuild | None:
+        """The build started in `work_dir`, if one was."""
+        try:
+            record = json.loads((work_dir / "build.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(work_dir, record["tag"], record["pid"])
+
+    def _running(self) -> bool:
+        try:
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
 
     def result(self) -> dict[str, object]:
         """Once built and its unit tier run: {"tag": the image's tag, "unit_tier": unit_tier()'s record};
         BuildFailed otherwise."""
-        try:
-            out, _ = self.process.communicate(timeout=BUILD_SECONDS + 600)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise BuildFailed(f"the image's build did not finish in {BUILD_SECONDS + 600} s") from None
-        lines = out.strip().splitlines()
-        record = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {
-            "error": f"the build process exited {self.process.returncode} without a result:\n"
-                     f"{(self.work_dir / 'build.log').read_text()[-6000:]}"}
+        deadline = time.monotonic() + BUILD_SECONDS + UNIT_TIER_SECONDS
+        result_file = self.work_dir / "result.json"
+        while not result_file.exists() and self._running():
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BuildFailed(f"the image's build did not finish in {BUILD_SECONDS + UNIT_TIER_SECONDS} s")
+            time.sleep(1)
+        if not result_file.exists():
+            raise BuildFailed(f"the build process ended without a result:\n"
+                              f"{(self.work_dir / 'build.log').read_text()[-6000:]}")
+        record = json.loads(result_file.read_text())
         if "error" in record:
             raise BuildFailed(record["error"])
         return record
 
     def stop(self) -> None:
         """End the build if it still runs, and remove its image if it was made (the base stays)."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait()
+        if self._running():
+            try:
+                os.killpg(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            while self._running():
+                time.sleep(0.1)
         remove_image(self.tag, podman_env(self.work_dir))
 
 
-_session_build: list[BackgroundBuild] = []  # the build tests/conftest.py started for this session, if any
+def _session_folder(shared: Path) -> Path:
+    return shared / "image-build"
 
 
-def start_for_session() -> None:
-    """Start the build now, for the image test to take later (tests/conftest.py, when the session will run it)."""
-    _session_build.append(BackgroundBuild.start(Path(tempfile.mkdtemp(prefix="tokenformer-image-"))))
+def start_for_session(shared: Path) -> None:
+    """Start the build now, for the image test to take later (tests/conftest.py, when the session will run it).
+    `shared` is a folder every process of the session sees (under pytest-xdist each worker collects, and the
+    first to claim the folder starts the one build)."""
+    try:
+        _session_folder(shared).mkdir()
+    except FileExistsError:
+        return
+    BackgroundBuild.start(_session_folder(shared))
 
 
-def take_session_build() -> BackgroundBuild | None:
+def take_session_build(shared: Path) -> BackgroundBuild | None:
     """The build started for this session (None if none was): its caller stops it."""
-    return _session_build.pop() if _session_build else None
+    return BackgroundBuild.find(_session_folder(shared))
 
 
-def stop_session_build() -> None:
+def stop_session_build(shared: Path) -> None:
     """At the session's end: a build no test took (the session was interrupted) is ended, its image removed."""
-    while _session_build:
-        build = _session_build.pop()
+    build = BackgroundBuild.find(_session_folder(shared))
+    if build is not None:
         build.stop()
         shutil.rmtree(build.work_dir, ignore_errors=True)
 
@@ -223,14 +255,20 @@ def remove_image(tag: str, env: dict[str, str]) -> None:
     subprocess.run(["podman", "image", "prune", "--force"], env=env, capture_output=True)
 
 
+def _write_result(work_dir: Path, record: dict[str, object]) -> None:
+    partial = work_dir / "result.json.partial"
+    partial.write_text(json.dumps(record))
+    partial.rename(work_dir / "result.json")
+
+
 def main(argv: list[str]) -> int:
     work_dir, tag = Path(argv[0]), argv[1]
     try:
         build(work_dir, tag)
     except BuildFailed as failure:
-        print(json.dumps({"error": str(failure)}))
+        _write_result(work_dir, {"error": str(failure)})
         return 1
-    print(json.dumps({"tag": tag, "unit_tier": unit_tier(work_dir, tag)}))
+    _write_result(work_dir, {"tag": tag, "unit_tier": unit_tier(work_dir, tag)})
     return 0
 
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from tests import docker_build, docker_image
-from tests.conftest import REPO
+from tests.conftest import REPO, session_folder
 from tests.test_docker import pins
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -54,7 +54,8 @@ def step(name: str, command: list[str], env: dict[str, str], timeout: float = 90
 def built(podman, tmp_path_factory) -> dict:
     """The project's CPU image and its unit tier's record (tests/docker_build.py: started with the session, or here
     when run alone); the image is removed afterwards."""
-    build = docker_build.take_session_build() or docker_build.BackgroundBuild.start(tmp_path_factory.mktemp("image"))
+    build = (docker_build.take_session_build(session_folder(tmp_path_factory))
+             or docker_build.BackgroundBuild.start(tmp_path_factory.mktemp("image")))
     try:
         yield build.result()
     except docker_build.BuildFailed as failure:
