@@ -99,10 +99,22 @@ def test_a_resumed_run_logs_each_iteration_once_the_latest_attempts(tmp_path, ca
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert records == [*first[:2], {"iteration": 2, "split": "valid", "lm_loss": 6.1}, *again]
     assert capsys.readouterr().out == (
-        f"{path}: dropped 2 records of iterations after 2, the checkpoint this run resumes: an earlier attempt logged "
+        f"{path}: dropped 2 records of iterations after 2, where this run starts: an earlier attempt logged "
         "them, and this run logs them again; dropped 6 bytes of records cut short when the run that wrote them was "
         "killed\n")
     assert not list(path.parent.glob("*.partial"))  # rewritten through a temporary file, renamed over it
+
+
+def test_a_run_restarted_before_its_first_checkpoint_logs_each_iteration_once(tmp_path):
+    """An attempt killed before its first save leaves iterations 1-3; the next starts afresh (iteration 0): they are
+    logged again, so the earlier ones go; an evaluation at iteration 0 (the progressive driver's score) stays."""
+    path = tmp_path / "logs" / "metrics.jsonl"
+    score = {"iteration": 0, "split": "valid", "lm_loss": 7.0}
+    write_lines(path, [score, *(train_record(iteration, 8.0 - iteration) for iteration in (1, 2, 3))])
+    writer = MetricsWriter(Config.from_dict({**MINIMAL, "log_dir": str(path.parent)}), rank=0, resumed_at=0)
+    writer.write(train_record(1, 7.5))
+    writer.close()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [score, train_record(1, 7.5)]
 
 
 def test_an_eval_only_run_sharing_a_live_runs_log_dir_only_appends_whole_lines(tmp_path):

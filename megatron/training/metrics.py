@@ -33,7 +33,8 @@ def _record(line: bytes) -> dict | None:
 
 def _settle(path: Path, resumed_at: int | None) -> None:
     """Make `path` read as one run before a training run appends to it: drop the records logged after
-    `resumed_at` (the iteration of the checkpoint this run resumes; None for a fresh start) and lines cut short
+    `resumed_at` (the iteration this run starts from: its checkpoint's, 0 for a fresh start, which an attempt
+    killed before its first save leaves behind; None to drop none) and lines cut short
     by a kill, keeping a last line that is whole JSON lacking only its newline. Rewritten atomically (a kill
     leaves the old file or the new), and only where something changes."""
     if not path.is_file():
@@ -55,8 +56,8 @@ def _settle(path: Path, resumed_at: int | None) -> None:
     write_durably(path, "".join(line + "\n" for line in kept))
     notes = []
     if superseded:
-        notes.append(f"dropped {superseded} records of iterations after {resumed_at}, the checkpoint this run "
-                     "resumes: an earlier attempt logged them, and this run logs them again")
+        notes.append(f"dropped {superseded} records of iterations after {resumed_at}, where this run starts: an "
+                     "earlier attempt logged them, and this run logs them again")
     if cut_bytes:
         notes.append(f"dropped {cut_bytes} bytes of records cut short when the run that wrote them was killed")
     if notes:
@@ -74,7 +75,7 @@ def _ends_a_line(path: Path) -> bool:
 
 class MetricsWriter:
     def __init__(self, cfg, rank: int, resumed_at: int | None = None):
-        """`resumed_at`: the iteration of the checkpoint a training run resumes (None for a fresh start)."""
+        """`resumed_at`: the iteration a training run starts from (its checkpoint's, or 0); None keeps every record."""
         self.enabled = rank == 0
         self._jsonl = None
         self._tensorboard = None

@@ -154,7 +154,7 @@ class Trainer:
             norms = grow_into(self.engine, cfg, open_checkpoint(cfg.pretrain_partial_init))
             self.growth = self.growth.grown_here(norms)
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
-        self.metrics = MetricsWriter(cfg, dist.get_rank(), resumed_at=None if tag is None else self.state.iteration)
+        self.metrics = MetricsWriter(cfg, dist.get_rank(), resumed_at=self.state.iteration)
         # After loading: DeepSpeed's own load works on its step's state.
         self.train_step = (partial(train_step, self.engine) if deepspeed_step
                            else LeanStep(self.engine, cfg))
