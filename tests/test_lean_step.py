@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from megatron.config import load_config
 from megatron.training.lean_step import lean_step_problem
@@ -31,19 +32,22 @@ DEEPSPEED = "lean_step=false"
 
 
 def train(overrides: list[str]) -> str:
-    trainer = Trainer(load_config([TINY], overrides, world_size=1))
+    world_size = dist.get_world_size()
+    trainer = Trainer(load_config([TINY], [*overrides, f"num_gpus={world_size}"], world_size=world_size))
     trainer.train()
     trainer.metrics.close()
     return type(trainer.train_step).__name__
 
 
-def run(run_dir: Path, demo_data: Path, *overrides: str, iterations: int = ITERATIONS) -> tuple[str, dict[int, dict]]:
-    """One process of `iterations` iterations of tiny.yml, saving at the last: (the step it took, the train
-    records of metrics.jsonl by iteration)."""
-    [step] = run_on_ranks(1, train, [
-        f"data_path={demo_data}/demo_text_document", f"vocab_file={demo_data}/tokenizer.json", "num_gpus=1",
+def run(run_dir: Path, demo_data: Path, *overrides: str, iterations: int = ITERATIONS,
+        ranks: int = 1) -> tuple[str, dict[int, dict]]:
+    """`ranks` processes (one by default) of `iterations` iterations of tiny.yml, saving at the last: (the step
+    they took, the train records of metrics.jsonl by iteration)."""
+    step, *others = run_on_ranks(ranks, train, [
+        f"data_path={demo_data}/demo_text_document", f"vocab_file={demo_data}/tokenizer.json",
         f"train_iters={iterations}", f"lr_decay_iters={ITERATIONS}", "eval_interval=1000", "eval_iters=0",
         f"log_dir={run_dir}/logs", f"save={run_dir}/checkpoints", *overrides])
+    assert all(other == step for other in others)
     return step, {r["iteration"]: r for r in read_metrics(run_dir / "logs") if r["split"] == "train"}
 
 
@@ -126,14 +130,14 @@ def config(*overrides: str, world_size: int = 1):
     return load_config([TINY], [f"num_gpus={world_size}", *overrides], world_size=world_size)
 
 
-def test_the_lean_step_is_taken_on_one_data_parallel_rank_and_stage_in_fp32_or_bf16():
+def test_the_lean_step_is_taken_on_one_pipeline_stage_in_fp32_or_bf16():
     assert lean_step_problem(config(), 1) is None
+    assert lean_step_problem(config(world_size=8), 8) is None
     assert lean_step_problem(config("pipe_parallel_size=1", "bf16={enabled: true}"), 1) is None
     assert lean_step_problem(config("zero_optimization={stage: 0}"), 1) is None
     assert lean_step_problem(config("model_parallel_size=2", world_size=2), 1) is None
     refused = {
         "lean_step is false": config("lean_step=false"),
-        "2 data-parallel ranks": config(world_size=2),
         "pipe_parallel_size 2": config("pipe_parallel_size=2", world_size=2),
         "ZeRO stage 2": config("zero_optimization={stage: 2}"),
         "ZeRO stage 0 in bfloat16": config("zero_optimization={stage: 0}", "bf16={enabled: true}"),

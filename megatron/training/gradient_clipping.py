@@ -41,10 +41,12 @@ def _sum_over(total: torch.Tensor, group: dist.ProcessGroup) -> None:
         dist.all_reduce(total, group=group)
 
 
-def global_norm(gradients: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def global_norm(gradients: list[torch.Tensor], device: torch.device,
+                sharded_over: dist.ProcessGroup | None = None) -> torch.Tensor:
     """2-norm (fp32, on the device) of the model's gradient, given the tensors this rank counts
     (counted_in_norm) summed over data-parallel replicas and tied copies: one multi-tensor norm (on a GPU), the
-    squares summed over the tensor- and pipeline-parallel ranks.
+    squares summed over the tensor- and pipeline-parallel ranks, and over `sharded_over` where each of its ranks
+    holds a part of the gradient (ZeRO's partitions).
 
     A GPU's norm kernel sums each block of a tensor in a tree. torch's CPU kernel sums a whole tensor in one
     running fp32 sum per vector lane (relative error 1e-3 at 20M elements), so there each tensor's rows are normed
@@ -59,6 +61,8 @@ def global_norm(gradients: list[torch.Tensor], device: torch.device) -> torch.Te
         squares = torch.stack(torch._foreach_norm(gradients)).float().square().sum()
     _sum_over(squares, mpu.get_tensor_parallel_group())
     _sum_over(squares, mpu.get_pipe_parallel_group())
+    if sharded_over is not None:
+        _sum_over(squares, sharded_over)
     return squares.sqrt()
 
 
