@@ -1,27 +1,30 @@
-"""The training step on one data-parallel rank and one pipeline stage, without DeepSpeed's per-step machinery.
+"""The training step on one pipeline stage, at any data-parallel size, without DeepSpeed's per-step machinery.
 
 There DeepSpeed's engine pays for work that cannot change the result: its ZeRO-1 optimizer copies every
-gradient into a bucket, divides it by a data-parallel size of 1, flattens the partition, takes each tensor's
+gradient into a bucket and flattens the bucket again to reduce it, flattens the partition, takes each tensor's
 norm of a float64 copy and reads the norm back to the host; its pipeline engine runs a one-stage schedule
-with cloned inputs and gradient "reductions" over groups of one process. `LeanStep` runs the same step on
-the same storage, owned by the same engine:
+with cloned inputs. `LeanStep` runs the same step on the same storage, owned by the same engine:
 
     per micro-batch  the engine's module forward, the loss, backward of loss / accumulation steps (autograd
-                     sums the micro-batches' gradients in each parameter's .grad, in the model's dtype,
-                     as DeepSpeed's ZeRO-1 does when no separate accumulation dtype is configured)
-    at the boundary  the global norm (gradient_clipping.py: one multi-tensor norm in fp32, no float64 copy);
-                     DeepSpeed's clipping rule on the device; AdamW on the fp32 masters, each parameter's view of
-                     DeepSpeed's flat partition and moments (bf16 gradients widened to fp32 first, one
-                     multi-tensor copy), skipped on the device when the norm is not finite, where DeepSpeed
-                     skips it after reading the norm; the masters copied into the model's flat weights
-    read back        the step's mean loss and the norm, in one transfer: the step's only wait for the device
+                     sums the micro-batches' gradients in place in one flat buffer, in the model's dtype, as
+                     DeepSpeed's ZeRO-1 sums them in .grad when no separate accumulation dtype is configured);
+                     on the last one, each bucket's all-reduce starts as backward finishes it
+                     (gradient_buckets.py: DeepSpeed's buckets, collective and division)
+    at the boundary  the reductions waited for; the global norm of the rank's partition (gradient_clipping.py:
+                     one multi-tensor norm in fp32, no float64 copy), its squares summed over the ranks;
+                     DeepSpeed's clipping rule on the device; fused AdamW on the rank's flat fp32 masters and
+                     moments (bf16 gradients widened to fp32 first, one copy), skipped on the device when the
+                     norm is not finite, where DeepSpeed skips it after reading the norm; DeepSpeed's copy of
+                     the masters into the model's flat weights and its all-gather of the partitions
+    read back        the step's mean loss over the ranks and the norm, in one transfer: the step's only wait
 
 Everything else stays DeepSpeed's: the model, the fp32 masters and Adam's moments live in its engine and
 optimizer, which load and save checkpoints (global_steps, global_samples and skipped_steps advance here as its
-own step advances them, so the files are those its step leaves). With ZeRO stage 0 in fp32 the update is our
-torch optimizer's on the module's parameters. The loss, the weights and Adam's state are those of DeepSpeed's
-step bit for bit wherever the clipping factor is 1 (tests/test_lean_step.py); where clipping scales the
-gradients, the fp32 norm differs from DeepSpeed's float64-accumulated one in its last bits, and so does the factor.
+own step advances them, so the files are those its step leaves, and a run switches steps at a resume). With ZeRO
+stage 0 in fp32 the update is our torch optimizer's on the module's parameters. The loss, the weights and Adam's
+state are those of DeepSpeed's step bit for bit wherever the clipping factor is 1 (tests/test_lean_step.py,
+tests/test_lean_step_data_parallel.py: DP 1, 2 and 4, TP 2 x DP 2); where clipping scales the gradients, the fp32
+norm differs from DeepSpeed's float64-accumulated one in its last bits, and so does the factor.
 
 `lean_step_problem` decides, from the config and the process layout: the lean step where it is this computation
 (`lean_step: true`, the default), DeepSpeed's step elsewhere.
