@@ -12,6 +12,7 @@ ZeRO stage 0, bf16 and resumes across the two steps: tests/test_lean_step_data_p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,11 +39,11 @@ def train(overrides: list[str]) -> str:
     return type(trainer.train_step).__name__
 
 
-def run(run_dir: Path, demo_data: Path, *overrides: str, iterations: int = ITERATIONS,
-        ranks: int = 1) -> tuple[str, dict[int, dict]]:
-    """`ranks` processes (one by default) of `iterations` iterations of tiny.yml, saving at the last: (the step
-    they took, the train records of metrics.jsonl by iteration)."""
-    step, *others = run_on_ranks(ranks, train, [
+def run(run_dir: Path, demo_data: Path, *overrides: str, iterations: int = ITERATIONS, ranks: int = 1,
+        trainer: Callable[[list[str]], str] = train) -> tuple[str, dict[int, dict]]:
+    """`ranks` processes (one by default) of `iterations` iterations of tiny.yml with `trainer` (`train`),
+    saving at the last: (the step they took, the train records of metrics.jsonl by iteration)."""
+    step, *others = run_on_ranks(ranks, trainer, [
         f"data_path={demo_data}/demo_text_document", f"vocab_file={demo_data}/tokenizer.json",
         f"train_iters={iterations}", f"lr_decay_iters={ITERATIONS}", "eval_interval=1000", "eval_iters=0",
         f"log_dir={run_dir}/logs", f"save={run_dir}/checkpoints", *overrides])
@@ -112,9 +113,11 @@ def config(*overrides: str, world_size: int = 1):
     return load_config([TINY], [f"num_gpus={world_size}", *overrides], world_size=world_size)
 
 
-def test_the_lean_step_is_taken_on_one_pipeline_stage_in_fp32_or_bf16():
+def test_the_lean_step_is_taken_on_one_pipeline_stage_in_fp32_bf16_or_fp16_and_by_configs_1_5b_on_8_gpus():
     assert lean_step_problem(config(), 1) is None
     assert lean_step_problem(config(world_size=8), 8) is None
+    assert lean_step_problem(config("fp16={enabled: true}", world_size=2), 2) is None
+    assert lean_step_problem(load_config([REPO / "configs" / "1-5B.yml"], [], world_size=8), 8) is None
     assert lean_step_problem(config("pipe_parallel_size=1", "bf16={enabled: true}"), 1) is None
     assert lean_step_problem(config("zero_optimization={stage: 0}"), 1) is None
     assert lean_step_problem(config("model_parallel_size=2", world_size=2), 1) is None

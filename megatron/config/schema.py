@@ -234,8 +234,8 @@ _TRAINING = (
         "layers of one run share it), a grown layer recompiles. Works with tensor and pipeline parallelism and "
         "activation checkpointing (megatron/model/compile.py)."),
     Key("lean_step", bool, True, "training",
-        "With at most one pipeline stage, at any data-parallel size, in fp32 or bf16 with ZeRO stage 1 (or "
-        "stage 0 in fp32), run the training step on DeepSpeed's model, fp32 masters and optimizer state without "
+        "With at most one pipeline stage, at any data-parallel size, in fp32, bf16 or fp16 (DeepSpeed's loss "
+        "scaler) with ZeRO stage 1 (or stage 0 in fp32), run the training step on DeepSpeed's model, fp32 masters and optimizer state without "
         "its per-step machinery: the gradients accumulated in one flat buffer and all-reduced in DeepSpeed's "
         "buckets (reduce_bucket_size) as backward finishes each, the norm of the rank's partition and clipping as "
         "multi-tensor operations in fp32 on the device, fused AdamW on the rank's partition, DeepSpeed's "

@@ -66,11 +66,18 @@ def global_norm(gradients: list[torch.Tensor], device: torch.device,
     return squares.sqrt()
 
 
-def clip_by_norm_(gradients: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
+def clip_by_norm_(gradients: list[torch.Tensor], norm: torch.Tensor, max_norm: float, loss_scale: float = 1.0) -> None:
     """Scale `gradients` in place by 1 / max(1, (norm + 1e-6) / max_norm), DeepSpeed's ZeRO clipping rule in
-    its order of operations; nothing with max_norm 0."""
-    if max_norm > 0 and gradients:
+    its order of operations; nothing with max_norm 0. With fp16's `loss_scale` (`norm` is then the scaled
+    gradients' norm) the gradients are unscaled in the same multiplication, as DeepSpeed's `unscale_and_clip_grads`."""
+    if not gradients or (max_norm <= 0 and loss_scale == 1.0):
+        return
+    if max_norm <= 0:
+        torch._foreach_mul_(gradients, 1.0 / loss_scale)
+    elif loss_scale == 1.0:
         torch._foreach_mul_(gradients, 1.0 / torch.clamp((norm + 1e-6) / max_norm, min=1.0))
+    else:
+        torch._foreach_mul_(gradients, 1.0 / (torch.clamp((norm / loss_scale + 1e-6) / max_norm, min=1.0) * loss_scale))
 
 
 def install_gradient_clipping(optimizer: torch.optim.Optimizer, max_norm: float) -> None:

@@ -15,7 +15,10 @@ with cloned inputs. `LeanStep` runs the same step on the same storage, owned by 
                      DeepSpeed's clipping rule on the device; fused AdamW on the rank's flat fp32 masters and
                      moments (bf16 gradients widened to fp32 first, one copy), skipped on the device when the
                      norm is not finite, where DeepSpeed skips it after reading the norm; DeepSpeed's copy of
-                     the masters into the model's flat weights and its all-gather of the partitions
+                     the masters into the model's flat weights and its all-gather of the partitions. In fp16 the
+                     loss is scaled by DeepSpeed's loss scaler, the gradients unscaled in the clipping's
+                     multiplication (its `unscale_and_clip_grads`), and the scaler told of an overflow (a norm
+                     that is not finite) once the norm is read
     read back        the step's mean loss over the ranks and the norm, in one transfer: the step's only wait
 
 Everything else stays DeepSpeed's: the model, the fp32 masters and Adam's moments live in its engine and
@@ -59,8 +62,6 @@ def lean_step_problem(cfg, data_parallel_size: int) -> str | None:
         return "lean_step is false"
     if cfg.pipe_parallel_size > 1:
         return f"pipe_parallel_size {cfg.pipe_parallel_size}: the stages run DeepSpeed's pipeline schedule"
-    if cfg.precision == "fp16":
-        return "fp16's dynamic loss scaling is DeepSpeed's"
     if stage not in (0, 1) or (stage == 0 and not clips_in_optimizer(cfg)):
         return f"ZeRO stage {stage} in {cfg.precision} keeps its gradients and masters in DeepSpeed's own form"
     set_keys = [key for key in _ZERO_KEYS_OF_DEEPSPEED_STEP if zero.get(key)]
@@ -115,6 +116,7 @@ class _ZeroOneUpdate:
                                                                         device=device)
         self.padding = [torch.zeros(size - length, device=device)
                         for size, (_, length) in zip(optimizer.partition_size, self.pieces, strict=True)]
+        self.loss_scaled = dtype == torch.float16  # fp16: DeepSpeed's loss scaler scales the loss, unscaled here
 
     def step(self) -> torch.Tensor:
         """The update from the averaged gradients; returns the global norm (a device tensor)."""
@@ -126,7 +128,8 @@ class _ZeroOneUpdate:
             grads = widened
         norm = global_norm([grads[i][start:start + length].view(-1, row) for i, start, length, row in self.counted],
                            self.device, sharded_over=self.group)
-        clip_by_norm_(grads, norm, self.max_norm)
+        scale = opt.loss_scale if self.loss_scaled else 1.0
+        clip_by_norm_(grads, norm, self.max_norm, scale)
         found_inf = (~torch.isfinite(norm)).float()
         for grad, padding, master, group in zip(grads, self.padding, opt.single_partition_of_fp32_groups,
                                                 opt.optimizer.param_groups, strict=True):
@@ -142,7 +145,16 @@ class _ZeroOneUpdate:
         opt._lazy_init_hp_params_optimizer_state()  # DeepSpeed links each parameter to its Adam state once
         opt.update_lp_params()
         self.buckets.zero()
-        return norm
+        return norm / scale if self.loss_scaled else norm
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss backward starts from: in fp16, times DeepSpeed's loss scale."""
+        return self.optimizer.scale_if_loss(loss) if self.loss_scaled else loss
+
+    def after(self, applied: bool) -> None:
+        """Once the step's norm is read: fp16's dynamic loss scale updated by DeepSpeed's scaler."""
+        if self.loss_scaled:
+            self.optimizer._update_scale(not applied)
 
     def _state(self, master: torch.Tensor, group: dict) -> dict:
         """The Adam state of flat partition `master`, created as torch's fused AdamW creates it at its first step."""
@@ -178,6 +190,12 @@ class _TorchUpdate:
         self.buckets = GradientBuckets(self.params, engine_buckets([p.numel() for p in self.params],
                                                                    MEMORY_OPT_ALLREDUCE_SIZE),
                                        mpu.get_data_parallel_group(), divide_first=False)
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def after(self, applied: bool) -> None:
+        pass
 
     def step(self) -> torch.Tensor:
         norm = global_norm([p.grad for p in self.counted], self.device)
@@ -238,7 +256,7 @@ class LeanStep:
                 logits = self.module(batch[:, :-1])
             loss = lm_loss(logits, batch[:, 1:])
             with phase(BACKWARD):  # x / 1 is x: no division without accumulation
-                (loss / self.accumulation if self.accumulation > 1 else loss).backward()
+                self.update.scaled(loss / self.accumulation if self.accumulation > 1 else loss).backward()
             total += loss.detach()
         with phase(GRADIENT_REDUCTION):
             buckets.wait()
@@ -251,6 +269,7 @@ class LeanStep:
             loss_sum, norm_value = torch.stack([loss, norm]).tolist()
             loss_value = loss_sum / self.data_parallel_size
         applied = math.isfinite(norm_value)
+        self.update.after(applied)
         self._advance(applied)
         return loss_value, norm_value if applied else math.inf
 
