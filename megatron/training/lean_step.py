@@ -258,8 +258,9 @@ class LeanStep:
             with phase(BACKWARD):  # x / 1 is x: no division without accumulation
                 self.update.scaled(loss / self.accumulation if self.accumulation > 1 else loss).backward()
             total += loss.detach()
-        with phase(GRADIENT_REDUCTION):
-            buckets.wait()
+        if self.data_parallel_size > 1:  # one rank: nothing to reduce, no phase
+            with phase(GRADIENT_REDUCTION):
+                buckets.wait()
         with phase(OPTIMIZER):
             norm = self.update.step()
         with phase(LOSS_READOUT):  # the mean over the data-parallel ranks, as step.py's data_parallel_mean takes it
