@@ -36,7 +36,8 @@ norm differs from DeepSpeed's float64-accumulated one in its last bits, and so d
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ from megatron.checkpoint.engine_optimizer import step_tensor
 from megatron.training.gradient_clipping import clip_by_norm_, clips_in_optimizer, counted_in_norm, global_norm
 from megatron.training.gradient_buckets import GradientBuckets, engine_buckets, zero_one_buckets
 from megatron.training.phases import BACKWARD, DATA, FORWARD, GRADIENT_REDUCTION, LOSS_READOUT, OPTIMIZER, phase
-from megatron.training.step import lm_loss
+from megatron.training.step import lm_loss, train_step
 
 _ZERO_KEYS_OF_DEEPSPEED_STEP = ("offload_optimizer", "offload_param", "parameter_alignment", "round_robin_gradients")
 
@@ -68,6 +69,12 @@ def lean_step_problem(cfg, data_parallel_size: int) -> str | None:
     if set_keys:
         return f"zero_optimization.{set_keys[0]} is DeepSpeed's own"
     return None
+
+
+def training_step_for(engine, cfg, deepspeed_step: str | None) -> Callable[[Iterator[torch.Tensor]], tuple]:
+    """The step `engine` trains with: DeepSpeed's (step.py's train_step) where `deepspeed_step`, lean_step_problem's
+    answer for the run, says why, else the lean one; `step(batches)` -> (mean loss, global gradient norm)."""
+    return partial(train_step, engine) if deepspeed_step else LeanStep(engine, cfg)
 
 
 class _ZeroOneUpdate:
