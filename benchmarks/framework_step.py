@@ -290,15 +290,19 @@ def run_config(options, variant: str = "framework"):
     return load_config([CONFIG], run_overrides(options, variant), world_size=DATA_PARALLEL.get(variant, 1))
 
 
-def join_ranks(options, backend: str | None = None) -> None:
-    """This process as rank `options.rank` of `options.ranks` (one for most variants)."""
+def join_ranks(options) -> None:
+    """This process as rank `options.rank` of `options.ranks` (one for most variants). The ranks of a DP variant
+    share one device where there is one (on a GPU: the GPU check's one device) and talk over gloo, which takes
+    CUDA tensors where NCCL refuses two ranks on one device."""
+    import torch
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
 
+    local_rank = options.rank % max(1, torch.cuda.device_count()) if torch.cuda.is_available() else options.rank
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK=str(options.rank),
-                      WORLD_SIZE=str(options.ranks), LOCAL_RANK=str(options.rank), LOCAL_WORLD_SIZE=str(options.ranks))
-    dist.init_process_group(backend or get_accelerator().communication_backend_name(), rank=options.rank,
-                            world_size=options.ranks)
+                      WORLD_SIZE=str(options.ranks), LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(options.ranks))
+    backend = "gloo" if options.ranks > 1 else get_accelerator().communication_backend_name()
+    dist.init_process_group(backend, rank=options.rank, world_size=options.ranks)
 
 
 def build_plain(options, masters: bool = False, neox: bool = False, ddp: bool = False):
