@@ -25,6 +25,17 @@ schedule:
     gpt-neox       transformers' GPTNeoXForCausalLM of the same parameter count (MLP width chosen to match) in the
                    plain loop
 
+and on two data-parallel ranks (two processes, gloo on a CPU, one intra-op thread each on a CPU; tokens/s counts
+each rank's tokens once):
+
+    ddp            the plain loop a PyTorch user writes: torch's DistributedDataParallel (its bucketed all-reduce,
+                   overlapped with backward), clip_grad_norm_ (foreach), torch's fused AdamW
+    framework-dp2            deepy.py's step at DP 2 (the lean step: gradient_buckets.py's bucketed all-reduce,
+                   ZeRO-1's update on the rank's partition, one all-gather); beside its breakdown, the all-reduce
+                   of its whole gradient buffer timed alone ("the reduction's own time"), against which the
+                   "gradient copies and reductions" phase is the wait left after backward
+    framework-deepspeed-dp2  ... with lean_step false: DeepSpeed's ZeRO-1 step
+
 Each variant runs in a process of its own (the whole device to itself, the allocator settings a rank of
 deepy.py's gets); the variants follow each other in the order given, `--rounds` times, and each reports its
 median round; `--budget` starts no variant after that many seconds (the GPU check's time limit). A run is
@@ -63,8 +74,11 @@ FRAMEWORK_OVERRIDES = {
     "framework-deepspeed-pp0": ["lean_step=false", "pipe_parallel_size=0"],
     "framework+compile": ["compile={enable: true}"],
     "framework+recompute": ["checkpoint_activations=true"],
+    "framework-dp2": [],
+    "framework-deepspeed-dp2": ["lean_step=false"],
 }
-VARIANTS = ("plain", "plain+masters", *FRAMEWORK_OVERRIDES, "gpt-neox")
+DATA_PARALLEL = {"ddp": 2, "framework-dp2": 2, "framework-deepspeed-dp2": 2}  # variant -> ranks (processes)
+VARIANTS = ("plain", "plain+masters", *FRAMEWORK_OVERRIDES, "gpt-neox", "ddp")
 DEFAULT_VARIANTS = ("plain", "plain+masters", "framework", "framework-deepspeed", "gpt-neox")
 # Shapes that fit a CPU, laid over configs/1-5B.yml (the 150M config's ratios: qkv = proj = d, ffn = 4d).
 SIZES = {
@@ -91,6 +105,7 @@ class Measured:
     allocator_retries: int | None = None  # cudaMalloc failures that freed the cache and retried, in timed steps
     breakdown: dict = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)  # every step's, warm-up, timed and profiled
+    reduction_seconds: float | None = None  # the lean step's all-reduce of its gradient buffer alone, at DP > 1
 
 
 # --- the run's config and model, shared by every variant --------------------------------------------------------
@@ -103,10 +118,11 @@ def run_overrides(options, variant: str = "framework") -> list[str]:
         if value is not None:
             overrides.append(f"{key}={value}")
     micro_batch, iterations = options.micro_batch, options.warmup + options.steps + options.profile_steps
+    ranks = DATA_PARALLEL.get(variant, 1)
     flag = lambda on: "true" if on else "false"  # noqa: E731
     return overrides + list(options.set or []) + [
-        "fp16={enabled: false}", f"bf16={{enabled: {flag(options.precision == 'bf16')}}}", "num_gpus=1",
-        f"train_micro_batch_size_per_gpu={micro_batch}", f"train_batch_size={micro_batch}",
+        "fp16={enabled: false}", f"bf16={{enabled: {flag(options.precision == 'bf16')}}}", f"num_gpus={ranks}",
+        f"train_micro_batch_size_per_gpu={micro_batch}", f"train_batch_size={micro_batch * ranks}",
         "gradient_accumulation_steps=1", "checkpoint_activations=false", "pipe_parallel_size=1",
         f"data_path={options.data}", f"vocab_file={options.tokenizer}",
         "tokenizer_type=HFTokenizer", "split=990,10,0", f"train_iters={iterations}", f"lr_decay_iters={iterations}",
@@ -154,13 +170,14 @@ def profile_steps(run: Callable[[int], None], steps: int) -> dict:
     return as_json(breakdown(prof.events(), steps))
 
 
-def measure(variant: str, build: Callable[[], tuple[Callable[[int], None], Callable[[], list[float]], int, int]],
-            options) -> Measured:
+def measure(variant: str, build: Callable[[], tuple[Callable[[int], None], Callable[[], list[float]], int, int,
+                                                    Callable[[], float | None]]], options) -> Measured:
     """Warm-up, timed and profiled steps of the step function `build` returns (with a function reading back
-    the losses of the steps run, the parameter count and the tokens a step trains)."""
+    the losses of the steps run, the parameter count, the tokens a step trains and a function timing the step's
+    gradient reduction alone)."""
     import torch
 
-    run, losses, parameters, tokens = build()
+    run, losses, parameters, tokens, reduction = build()
     run(options.warmup)
     synchronize()
     if torch.cuda.is_available():
@@ -174,15 +191,17 @@ def measure(variant: str, build: Callable[[], tuple[Callable[[int], None], Calla
     if memory:
         memory["allocator_retries"] -= retries_before
     phases = profile_steps(run, options.profile_steps) if options.profile_steps else {}
-    return Measured(variant, parameters, tokens, seconds, **memory, breakdown=phases, losses=losses())
+    return Measured(variant, parameters, tokens, seconds, **memory, breakdown=phases, losses=losses(),
+                    reduction_seconds=reduction())
 
 
 # --- the variants -----------------------------------------------------------------------------------------------
 
-def plain_loop(model, cfg, device, masters: bool, batches) -> tuple[Callable[[int], None], Callable[[], list]]:
+def plain_loop(model, cfg, device, masters: bool, batches,
+               clip: bool = False) -> tuple[Callable[[int], None], Callable[[], list]]:
     """Steps of the plain loop on `batches` (the run's loader) under the run's learning-rate schedule, and a function
     reading back their losses; `masters`: with fp32 master weights beside the model's (a copy even in fp32, as
-    DeepSpeed's ZeRO keeps one) and the config's gradient clipping."""
+    DeepSpeed's ZeRO keeps one) and the config's gradient clipping; `clip`: the clipping without the masters."""
     import torch
     import torch.nn.functional as F
 
@@ -224,6 +243,8 @@ def plain_loop(model, cfg, device, masters: bool, batches) -> tuple[Callable[[in
                 optimizer.zero_grad(set_to_none=True)
                 model.zero_grad(set_to_none=True)
             else:
+                if clip:
+                    torch.nn.utils.clip_grad_norm_(params, cfg.gradient_clipping, foreach=True)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
@@ -266,37 +287,52 @@ def gpt_neox_model(args):
 def run_config(options, variant: str = "framework"):
     from megatron.config import load_config
 
-    return load_config([CONFIG], run_overrides(options, variant), world_size=1)
+    return load_config([CONFIG], run_overrides(options, variant), world_size=DATA_PARALLEL.get(variant, 1))
 
 
-def build_plain(options, masters: bool = False, neox: bool = False):
+def join_ranks(options) -> None:
+    """This process as rank `options.rank` of `options.ranks` (one for most variants). The ranks of a DP variant
+    share one device where there is one (on a GPU: the GPU check's one device) and talk over gloo, which takes
+    CUDA tensors where NCCL refuses two ranks on one device."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.accelerator import get_accelerator
+
+    local_rank = options.rank % max(1, torch.cuda.device_count()) if torch.cuda.is_available() else options.rank
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK=str(options.rank),
+                      WORLD_SIZE=str(options.ranks), LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(options.ranks))
+    backend = "gloo" if options.ranks > 1 else get_accelerator().communication_backend_name()
+    dist.init_process_group(backend, rank=options.rank, world_size=options.ranks)
+
+
+def build_plain(options, masters: bool = False, neox: bool = False, ddp: bool = False):
     import torch
 
     from megatron.model import TokenFormerModel
     from megatron.training.data import batch_iterator, build_datasets
     from megatron.training.pretrain import run_model_args
 
-    cfg = run_config(options)
+    cfg = run_config(options, "ddp" if ddp else "plain")
     args = run_model_args(cfg)
     device, dtype = device_and_dtype(options.precision)
     torch.manual_seed(0)
     model = (gpt_neox_model(args) if neox else TokenFormerModel(args)).to(device=device, dtype=dtype)
     model.train()
     parameters = sum(p.numel() for p in model.parameters())
-    batches = batch_iterator(build_datasets(cfg).train, 0, cfg.train_micro_batch_size_per_gpu, 0, 1)
-    run, losses = plain_loop(model, cfg, device, masters, batches)
-    return run, losses, parameters, cfg.train_micro_batch_size_per_gpu * cfg.seq_length
+    if ddp:
+        join_ranks(options)
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    batches = batch_iterator(build_datasets(cfg).train, 0, cfg.train_micro_batch_size_per_gpu, options.rank,
+                             options.ranks)
+    run, losses = plain_loop(model, cfg, device, masters, batches, clip=ddp)
+    tokens = cfg.train_micro_batch_size_per_gpu * cfg.seq_length * options.ranks
+    return run, losses, parameters, tokens, lambda: None
 
 
 def build_framework(options, variant: str):
-    import torch.distributed as dist
-    from deepspeed.accelerator import get_accelerator
-
     from megatron.training.pretrain import Trainer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    dist.init_process_group(get_accelerator().communication_backend_name(), rank=0, world_size=1)
+    join_ranks(options)
     cfg = run_config(options, variant)
     trainer = Trainer(cfg)
 
@@ -309,7 +345,7 @@ def build_framework(options, variant: str):
         return [r["lm_loss"] for r in records if r["split"] == "train"]
 
     parameters = sum(p.numel() for p in trainer.engine.module.parameters())
-    return run, losses, parameters, cfg.train_batch_size * cfg.seq_length
+    return run, losses, parameters, cfg.train_batch_size * cfg.seq_length, lambda: reduction_seconds(trainer)
 
 
 BUILDERS = {
@@ -317,7 +353,28 @@ BUILDERS = {
     "plain+masters": lambda o: build_plain(o, masters=True),
     **{name: (lambda o, name=name: build_framework(o, name)) for name in FRAMEWORK_OVERRIDES},
     "gpt-neox": lambda o: build_plain(o, neox=True),
+    "ddp": lambda o: build_plain(o, ddp=True),
 }
+
+
+def reduction_seconds(trainer, repeats: int = 5) -> float | None:
+    """The lean step's all-reduce of its whole gradient buffer over the data-parallel ranks, alone (a copy of
+    the buffer, so the run's gradients stay as they are); None where `trainer` takes no lean step at DP > 1."""
+    import torch.distributed as dist
+
+    from megatron import mpu
+    from megatron.training.lean_step import LeanStep
+
+    if not isinstance(trainer.train_step, LeanStep) or mpu.get_data_parallel_world_size() == 1:
+        return None
+    buffer = trainer.train_step.update.buckets.flat.clone()
+    dist.all_reduce(buffer, group=mpu.get_data_parallel_group())
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dist.all_reduce(buffer, group=mpu.get_data_parallel_group())
+    synchronize()
+    return (time.perf_counter() - start) / repeats
 
 
 # --- the parent: runs the variants, prints the tables -----------------------------------------------------------
@@ -338,18 +395,31 @@ def child_run(options, variant: str, work: Path, round_index: int = 0) -> dict:
     from tests.distributed import free_port
 
     out = work / f"{variant}-{round_index}.json"
+    ranks, port = DATA_PARALLEL.get(variant, 1), free_port()
     command = [sys.executable, "-m", "benchmarks.framework_step", "--child", variant, "--json", str(out),
-               "--work", str(work / f"{variant}-{round_index}"), "--port", str(free_port())]
+               "--work", str(work / f"{variant}-{round_index}"), "--port", str(port), "--ranks", str(ranks)]
     for name in ("size", "layers", "pattention_impl", "micro_batch", "precision", "warmup", "steps", "profile_steps",
                  "data", "tokenizer"):
         if getattr(options, name) is not None:
             command += [f"--{name.replace('_', '-')}", str(getattr(options, name))]
     if options.set:
         command += ["--set", *options.set]
-    done = subprocess.run(command, cwd=REPO, env=child_environment(), capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{variant} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    environment = child_environment()
+    if ranks > 1 and not torch_cuda_available():  # the issue's measurement: one intra-op thread a rank
+        environment.update(OMP_NUM_THREADS="1")
+    processes = [subprocess.Popen([*command, "--rank", str(rank)], cwd=REPO, env=environment, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(ranks)]
+    outputs = [process.communicate() for process in processes]
+    for process, (stdout, stderr) in zip(processes, outputs):
+        if process.returncode != 0:
+            raise RuntimeError(f"{variant} failed (exit {process.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
     return json.loads(out.read_text())
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def run_facts(options) -> dict:
@@ -435,6 +505,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--child", choices=[*VARIANTS, "info"], help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--ranks", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -457,7 +529,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if options.child:
         result = measure(options.child, lambda: BUILDERS[options.child](options), options)
-        Path(options.json).write_text(json.dumps(asdict(result)))
+        if options.rank == 0:
+            Path(options.json).write_text(json.dumps(asdict(result)))
         return
     import torch
 

@@ -9,12 +9,14 @@ from dataclasses import asdict
 from megatron.training.phases import BOOKKEEPING, DATA, GRADIENT_REDUCTION, LOSS, LOSS_READOUT, OPTIMIZER
 
 FRAMEWORK = "framework"  # deepy.py's step as configs/1-5B.yml runs it
+FRAMEWORK_DP, DDP = "framework-dp2", "ddp"  # the same at DP 2, and its peer: torch DDP's loop
 PEERS = ("plain+masters", "plain")  # the fair peer first (issue 47): the same recipe in a plain loop
 # A lever's variants: (on, off); a ratio within NOISE of 1 is a tie.
 LEVERS = {
     "lean_step": ("framework", "framework-deepspeed"),
     "compile.enable": ("framework+compile", "framework"),
     "pipe_parallel_size 0 (DeepSpeed's step)": ("framework-deepspeed-pp0", "framework-deepspeed"),
+    "lean_step at DP 2": ("framework-dp2", "framework-deepspeed-dp2"),
 }
 NOISE = 0.01
 
@@ -70,12 +72,26 @@ def print_tables(results: dict, flops: tuple[int, int], peak: tuple[float, str],
         for row in rows:
             print(f"  {row['lever']:<42} on {row['on_tokens_per_sec']:>10,.0f}  off {row['off_tokens_per_sec']:>10,.0f}"
                   f"  on/off {row['on_over_off']:.3f}  wins: {row['winner']}")
+    print_reduction_overlap(results)
+    if FRAMEWORK_DP in summary and DDP in summary:
+        print(f"ratio at DP 2: framework-dp2 (deepy.py's step) tokens/s / ddp tokens/s = "
+              f"{summary[FRAMEWORK_DP]['tokens_per_sec'] / summary[DDP]['tokens_per_sec']:.3f}")
     if FRAMEWORK in summary and peer:
         beside = "" if peer == "plain" or "plain" not in summary else (
             f" (/ plain: {summary[FRAMEWORK]['ratio_to_plain']:.3f})")
         print(f"ratio: framework (deepy.py's step) tokens/s / {peer} tokens/s = "
               f"{summary[FRAMEWORK][f'ratio_to_{peer}']:.3f}{beside}")
     return {"variants": summary, "decisions": rows}
+
+
+def print_reduction_overlap(results: dict) -> None:
+    """Each DP variant of the lean step: the wait on the gradient reduction left after backward (its phase in the
+    profiled steps), against the all-reduce of the whole gradient buffer alone: what backward hid."""
+    for name, r in results.items():
+        if r.reduction_seconds is not None and GRADIENT_REDUCTION in r.breakdown:
+            waited = r.breakdown[GRADIENT_REDUCTION]["host_ms"]
+            print(f"\n{name}: waited {waited:.1f} ms a step on the gradient reduction after backward; the reduction "
+                  f"alone takes {r.reduction_seconds * 1e3:.1f} ms")
 
 
 def print_losses(summary: dict[str, dict]) -> None:

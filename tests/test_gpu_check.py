@@ -77,7 +77,8 @@ def assert_one_model_trained_alike(sweep: dict, steps: int) -> None:
     assert relative_gap(losses["plain+masters"], losses["framework"]) < 1e-5
     assert relative_gap(losses["plain"], losses["framework"]) < 1e-2
     for name, figures in variants.items():
-        assert figures["tokens_per_sec"] > 0 and figures["tokens_per_step"] == 2 * 64
+        ranks = 2 if name.endswith("-dp2") else 1  # each rank's tokens counted once
+        assert figures["tokens_per_sec"] > 0 and figures["tokens_per_step"] == 2 * 64 * ranks
         phases = figures["breakdown"]
         for phase in ("phase: forward", "phase: loss", "phase: backward", "phase: optimizer", "phase: data"):
             assert phases[phase]["ops"] > 0, (name, phase)
@@ -85,6 +86,8 @@ def assert_one_model_trained_alike(sweep: dict, steps: int) -> None:
     copies = "phase: gradient copies and reductions"
     assert lean[copies]["ops"] < deepspeed[copies]["ops"] / 5  # no buckets
     assert lean["phase: loss readout"]["ops"] > 0 and deepspeed["phase: loss readout"]["syncs"] >= 1
+    assert variants["framework-dp2"]["breakdown"][copies]["ops"] > 0  # the lean step's bucketed all-reduce
+    assert variants["framework-dp2"]["reduction_seconds"] > 0
     lean_step = next(row for row in sweep["decisions"] if row["lever"] == "lean_step")
     assert (lean_step["on"], lean_step["off"]) == ("framework", "framework-deepspeed")
     assert lean_step["winner"] in ("on", "off", "tie")

@@ -30,7 +30,7 @@ from megatron.cluster_check.report import FAIL, SectionResult
 from megatron.cluster_check.training_runs import batches, engine_for, exact_arithmetic, release
 from megatron.cluster_check.variants import batch_split, fp32, small_model, variant
 from megatron.formats.deepspeed.resume import load_checkpoint
-from megatron.training.step import evaluate, train_step
+from megatron.training.step import evaluate
 
 NAME = "numerics"
 STEPS = 4
@@ -51,9 +51,9 @@ def _layout_name(cfg) -> str:
 
 def _train(cfg) -> dict:
     """STEPS steps and the held-out score of `cfg`'s engine; the engine too, for saving or loading into."""
-    engine, model_args = engine_for(cfg)
+    engine, model_args, step = engine_for(cfg)
     train = batches(cfg, model_args.padded_vocab_size)
-    steps = [train_step(engine, train) for _ in range(STEPS)]
+    steps = [step(train) for _ in range(STEPS)]
     held_out = batches(cfg, model_args.padded_vocab_size, first_sample=STEPS * cfg.train_batch_size)
     return {"engine": engine, "vocab": model_args.padded_vocab_size, "losses": [loss for loss, _ in steps],
             "grad_norms": [norm for _, norm in steps], "held_out": evaluate(engine, held_out, 1)}

@@ -33,7 +33,6 @@ from megatron.model.memory import GIB
 from megatron.model.rank_memory import RunShape, training_bytes_per_rank
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.pattention_choice import RESERVE, device_bytes_per_rank
-from megatron.training.step import train_step
 from megatron.training.utilization import Utilization, peak_memory_bytes
 
 NAME = "throughput"
@@ -111,16 +110,17 @@ def run(context: CheckContext) -> SectionResult:
                       gradient_accumulation_steps=plan["accumulation"], train_iters=steps,
                       hidden_dropout=cfg.hidden_dropout, attention_dropout=cfg.attention_dropout)
     accelerator = get_accelerator()
-    engine, model_args = engine_for(run_cfg)
+    engine, model_args, step = engine_for(run_cfg)
     data = batches(run_cfg, model_args.padded_vocab_size)
     accelerator.reset_peak_memory_stats()
     seconds, losses = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        loss, _ = train_step(engine, data)
+        loss, _ = step(data)
         seconds.append(time.perf_counter() - start)
         losses.append(loss)
     peak = peak_memory_bytes(accelerator)
+    del step  # the lean step holds the engine and its gradient buffer
     release(engine)
     step_times = gather(statistics.median(seconds[warmup:]))
     peaks = gather(peak)

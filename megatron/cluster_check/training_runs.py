@@ -1,8 +1,9 @@
 """The few training steps the numerics and throughput sections take, with the framework's own engine.
 
 `engine_for` builds exactly what train.py builds for a config (megatron/training/pretrain.py's
-setup_model_and_engine: the model or its pipeline stage, AdamW, DeepSpeed with ZeRO) after switching the
-process's parallel groups to the config's layout; `batches` feeds it the synthetic samples the way the training
+setup_model_and_engine: the model or its pipeline stage, AdamW, DeepSpeed with ZeRO, and the training step,
+the lean one or DeepSpeed's as lean_step_problem decides) after switching the process's parallel groups to the
+config's layout; `batches` feeds it the synthetic samples the way the training
 loop feeds its dataset, each data-parallel rank its own slice of every global batch.
 """
 
@@ -20,6 +21,7 @@ from megatron.cluster_check.synthetic import MarkovTokens
 from megatron.config import Config
 from megatron.runtime.process_group import use_deterministic_kernels
 from megatron.training.data import batch_iterator
+from megatron.training.lean_step import lean_step_problem, training_step_for
 from megatron.training.pretrain import setup_model_and_engine
 
 DATA_SEED = 20261127
@@ -33,10 +35,13 @@ def use_layout(tensor: int, pipe: int) -> None:
 
 
 def engine_for(cfg: Config):
-    """(DeepSpeed engine, model args) of `cfg` in its layout, as train.py builds them."""
+    """(DeepSpeed engine, model args, step) of `cfg` in its layout, as train.py builds them: `step(batches)` ->
+    (loss, norm) is the training step train.py takes in this layout (the lean one or DeepSpeed's, as
+    lean_step_problem decides for both)."""
     use_layout(cfg.model_parallel_size, cfg.pipe_parallel_size)
-    engine, _, model_args = setup_model_and_engine(cfg)
-    return engine, model_args
+    deepspeed_step = lean_step_problem(cfg, get_accelerator().device_name())
+    engine, _, model_args = setup_model_and_engine(cfg, lean=deepspeed_step is None)
+    return engine, model_args, training_step_for(engine, cfg, deepspeed_step)
 
 
 def release(engine) -> None:

@@ -234,14 +234,16 @@ _TRAINING = (
         "layers of one run share it), a grown layer recompiles. Works with tensor and pipeline parallelism and "
         "activation checkpointing (megatron/model/compile.py)."),
     Key("lean_step", bool, True, "training",
-        "On one data-parallel rank with at most one pipeline stage, in fp32 or bf16 with ZeRO stage 1 (or stage "
-        "0 in fp32), run the training step on DeepSpeed's model, fp32 masters and optimizer state without its "
-        "per-step machinery: no gradient buckets, flattening or division by one rank, no one-stage pipeline "
-        "schedule, the gradient norm and clipping as multi-tensor operations in fp32 on the device, one read of "
-        "the loss and norm a step (megatron/training/lean_step.py). The same update and checkpoint files as "
-        "DeepSpeed's step (the clipping factor can differ in its last bits: DeepSpeed accumulates the norm in "
-        "float64); any other layout or precision, or a device without torch's fused AdamW (hpu, npu, mlu), takes "
-        "DeepSpeed's step. false: always DeepSpeed's step."),
+        "With at most one pipeline stage, at any data-parallel size, in fp32, bf16 or fp16 (DeepSpeed's loss "
+        "scaler) with ZeRO stage 1 (or stage 0 in fp32), run the training step on DeepSpeed's model, fp32 masters "
+        "and optimizer state without its per-step machinery: the gradients accumulated in one flat buffer and "
+        "all-reduced in DeepSpeed's buckets (reduce_bucket_size) as backward finishes each, the norm of the rank's "
+        "partition and clipping as multi-tensor operations in fp32 on the device, fused AdamW on the rank's "
+        "partition, DeepSpeed's all-gather, no one-stage pipeline schedule, one read of the loss and norm a step "
+        "(megatron/training/lean_step.py). The same update and checkpoint files as DeepSpeed's step (the clipping "
+        "factor can differ in its last bits: DeepSpeed accumulates the norm in float64); any other layout or "
+        "precision, or a device without torch's fused AdamW (hpu, npu, mlu), takes DeepSpeed's step. false: "
+        "always DeepSpeed's step."),
     Key("partition_activations", bool, False, "training", "Split checkpointed activations across model-parallel ranks.",
         inactive="activation partitioning across model-parallel ranks is not implemented"),
     Key("synchronize_each_layer", bool, False, "training", "Device synchronisation around each checkpointed layer.",

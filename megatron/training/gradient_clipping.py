@@ -41,10 +41,12 @@ def _sum_over(total: torch.Tensor, group: dist.ProcessGroup) -> None:
         dist.all_reduce(total, group=group)
 
 
-def global_norm(gradients: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def global_norm(gradients: list[torch.Tensor], device: torch.device,
+                sharded_over: dist.ProcessGroup | None = None) -> torch.Tensor:
     """2-norm (fp32, on the device) of the model's gradient, given the tensors this rank counts
     (counted_in_norm) summed over data-parallel replicas and tied copies: one multi-tensor norm (on a GPU), the
-    squares summed over the tensor- and pipeline-parallel ranks.
+    squares summed over the tensor- and pipeline-parallel ranks, and over `sharded_over` where each of its ranks
+    holds a part of the gradient (ZeRO's partitions).
 
     A GPU's norm kernel sums each block of a tensor in a tree. torch's CPU kernel sums a whole tensor in one
     running fp32 sum per vector lane (relative error 1e-3 at 20M elements), so there each tensor's rows are normed
@@ -59,14 +61,23 @@ def global_norm(gradients: list[torch.Tensor], device: torch.device) -> torch.Te
         squares = torch.stack(torch._foreach_norm(gradients)).float().square().sum()
     _sum_over(squares, mpu.get_tensor_parallel_group())
     _sum_over(squares, mpu.get_pipe_parallel_group())
+    if sharded_over is not None:
+        _sum_over(squares, sharded_over)
     return squares.sqrt()
 
 
-def clip_by_norm_(gradients: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
+def clip_by_norm_(gradients: list[torch.Tensor], norm: torch.Tensor, max_norm: float, loss_scale: float = 1.0) -> None:
     """Scale `gradients` in place by 1 / max(1, (norm + 1e-6) / max_norm), DeepSpeed's ZeRO clipping rule in
-    its order of operations; nothing with max_norm 0."""
-    if max_norm > 0 and gradients:
+    its order of operations; nothing with max_norm 0. With fp16's `loss_scale` (`norm` is then the scaled
+    gradients' norm) the gradients are unscaled in the same multiplication, as DeepSpeed's `unscale_and_clip_grads`."""
+    if not gradients or (max_norm <= 0 and loss_scale == 1.0):
+        return
+    if max_norm <= 0:
+        torch._foreach_mul_(gradients, 1.0 / loss_scale)
+    elif loss_scale == 1.0:
         torch._foreach_mul_(gradients, 1.0 / torch.clamp((norm + 1e-6) / max_norm, min=1.0))
+    else:
+        torch._foreach_mul_(gradients, 1.0 / (torch.clamp((norm / loss_scale + 1e-6) / max_norm, min=1.0) * loss_scale))
 
 
 def install_gradient_clipping(optimizer: torch.optim.Optimizer, max_norm: float) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import deepspeed
@@ -33,7 +32,7 @@ from megatron.runtime.process_group import initialize_distributed
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.data import batch_iterator, build_datasets
 from megatron.training.gradient_clipping import clips_in_optimizer, install_gradient_clipping
-from megatron.training.lean_step import LeanStep, lean_step_problem
+from megatron.training.lean_step import lean_step_problem, training_step_for
 from megatron.training.learning_rates import LRSchedule, resume_lr_change
 from megatron.training.metrics import MetricsWriter
 from megatron.training.numerics import NonFiniteSteps, skip_nonfinite_updates
@@ -41,7 +40,7 @@ from megatron.training.optimizer import build_optimizer, deepspeed_config
 from megatron.training.pattention_choice import resolve_pattention_impl
 from megatron.training.phases import BOOKKEEPING, LOGGING, mark_pipeline, phase
 from megatron.training.preemption import ExitConditions
-from megatron.training.step import evaluate, lm_loss, train_step
+from megatron.training.step import evaluate, lm_loss
 from megatron.training.utilization import Utilization
 
 
@@ -121,8 +120,7 @@ class Trainer:
         # Collective; verifies every file of the chosen checkpoint, so it is done once.
         tag = resume_tag(cfg.load)
         self.growth = run_growth(cfg, tag)
-        deepspeed_step = lean_step_problem(cfg, mpu.get_data_parallel_world_size(),
-                                           get_accelerator().device_name())
+        deepspeed_step = lean_step_problem(cfg, get_accelerator().device_name())
         self.engine, self.optimizer, self.model_args = setup_model_and_engine(
             cfg, self.growth.frozen, lean=deepspeed_step is None)
         self.schedule = LRSchedule.from_config(cfg)
@@ -156,8 +154,7 @@ class Trainer:
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
         self.metrics = MetricsWriter(cfg, dist.get_rank(), resumed_at=self.state.iteration)
         # After loading: DeepSpeed's own load works on its step's state.
-        self.train_step = (partial(train_step, self.engine) if deepspeed_step
-                           else LeanStep(self.engine, cfg))
+        self.train_step = training_step_for(self.engine, cfg, deepspeed_step)
         print_rank_0(f"training step: DeepSpeed's ({deepspeed_step})" if deepspeed_step else
                      "training step: lean (megatron/training/lean_step.py)")
         ramp = norm_ramp(cfg, self.growth.record)
