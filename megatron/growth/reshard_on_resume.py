@@ -39,16 +39,17 @@ def resharded_tag(tag: str, cfg: Config, data_parallel: int) -> str:
     return f"{tag}-tp{cfg.model_parallel_size}pp{cfg.pipe_parallel_size}dp{data_parallel}"
 
 
-def _layout(tensor: int, pipe: int, data: int | str) -> str:
-    return f"TP {tensor} × PP {pipe} × DP {data}"
+def _layout(tensor: int, pipe: int, data: int | None) -> str:
+    return f"TP {tensor} × PP {pipe}" + ("" if data is None else f" × DP {data}")
 
 
 def saved_layout(tag_dir: Path) -> str:
-    """The layout `tag_dir` was saved on, from its config.json, in the words of the line deepy.py prints."""
+    """The layout `tag_dir` was saved on, from its config.json, in the words of the line deepy.py prints (the
+    data-parallel size where it says the world size: a tool's output does not)."""
     saved = json.loads((tag_dir / "config.json").read_text(encoding="utf-8"))
     tensor, pipe = saved.get("model_parallel_size", 1), saved.get("pipe_parallel_size", 0)
     world = saved.get("world_size")
-    return _layout(tensor, pipe, world // (tensor * max(1, pipe)) if isinstance(world, int) else "?")
+    return _layout(tensor, pipe, world // (tensor * max(1, pipe)) if isinstance(world, int) else None)
 
 
 def needs_reshard(tag_dir: Path, cfg: Config, data_parallel: int) -> bool:
@@ -63,14 +64,18 @@ def _size(directory: Path) -> int:
     return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
 
 
+def _in_words(size: int) -> str:
+    return f"{size / 2**30:,.2f} GiB" if size >= 2**30 else f"{size / 2**20:,.1f} MiB"
+
+
 def disk_problem(tag_dir: Path) -> str | None:
     """The re-shard writes about as much as the checkpoint holds (fp32 weights and Adam's moments) beside it;
     why there is not that much free space there, or None."""
     needed, free = _size(tag_dir), shutil.disk_usage(tag_dir.parent).free
     if free >= needed:
         return None
-    return (f"load: re-sharding {tag_dir} ({needed / 2**30:.2f} GiB) into this run's layout needs about as much "
-            f"free space beside it, but {tag_dir.parent} has {free / 2**30:.2f} GiB free: make room there, or resume "
+    return (f"load: re-sharding {tag_dir} ({_in_words(needed)}) into this run's layout needs about as much free "
+            f"space beside it, but {tag_dir.parent} has {_in_words(free)} free: make room there, or resume "
             f"on the layout it was saved with ({saved_layout(tag_dir)}), or re-shard it elsewhere with "
             "tools/grow_checkpoint.py")
 
