@@ -7,6 +7,10 @@ as deepy.py sets it up (the global batch kept, the checkpoint re-sharded beside 
 losses against the reference's at the same iterations: DP 2 → 1 and DP 1 → 2 (10 iterations each, 1e-6), then
 TP 1 → TP 2 × PP 1, TP 2 × PP 1 → TP 1 × PP 2, TP 1 × PP 2 → TP 2 × PP 1 (3 each, 1e-5). A stage that lost
 Adam's moments or step, the data position or the global batch would differ from the reference at once.
+
+In one process (a checkpoint written directly, test_growth_keeps_state's): a preserve-grown checkpoint mid-ramp
+re-sharded keeps its n and computes the same logits; a re-shard killed (SIGKILL) midway leaves the original
+intact and the same call redoes it, then reuses it. The refusals are one line each, before anything is written.
 """
 
 from __future__ import annotations
@@ -108,8 +112,8 @@ def test_a_checkpoint_resumes_on_every_other_layout_with_the_losses_of_the_uncha
     directory, expected = resumable_at_3(reference[0], tmp_path / "save"), reference[1]
     iteration, said = 3, []
     for stage, (layout, world, steps, tolerance) in enumerate(CHAIN):
-        log_dir = tmp_path / f"logs{stage}"
-        lines, start = launch(values(demo_data, directory, log_dir, layout, iteration + steps), world, iteration + steps)
+        log_dir, until = tmp_path / f"logs{stage}", iteration + steps
+        lines, start = launch(values(demo_data, directory, log_dir, layout, until), world, until)
         said.append(lines)
         losses = train_losses(log_dir)
         assert start == iteration and min(losses) == iteration + 1, (stage, start, losses)
@@ -150,8 +154,9 @@ def test_a_mid_ramp_checkpoint_re_sharded_keeps_its_n_and_computes_what_the_sour
 
 
 def reshard_in_a_process(cfg: Config) -> subprocess.Popen:
-    code = ("import sys; from megatron.config import Config; from megatron.launch.preflight import reshard_before_launch;"
-            " print(reshard_before_launch(Config.from_json(sys.stdin.read()), 2), flush=True)")
+    """deepy.py's re-shard of `cfg`'s checkpoint in a process of its own, to be killed."""
+    code = ("import sys; from megatron.config import Config; from megatron.launch.preflight import "
+            "reshard_before_launch; print(reshard_before_launch(Config.from_json(sys.stdin.read()), 2), flush=True)")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     process.stdin.write(cfg.to_json())
