@@ -179,6 +179,8 @@ def test_a_re_shard_killed_midway_leaves_the_original_and_the_same_command_redoe
     assert verified_file_problems(source) == []
     assert reshard_before_launch(cfg, 2).endswith(": re-sharded into global_step4-tp2pp0dp1") and not work.exists()
     assert reshard_before_launch(cfg, 2).endswith(": re-sharded before, reusing global_step4-tp2pp0dp1")
+    next((source.parent / "global_step4-tp2pp0dp1").glob("*.pt")).unlink()  # a copy damaged since
+    assert reshard_before_launch(cfg, 2).endswith(": re-sharded into global_step4-tp2pp0dp1")
     assert verified_file_problems(source.parent / "global_step4-tp2pp0dp1") == [] and held_norms(source) == MID
     assert reshard_before_launch(tp2_resume_of(source.parent, base, "reshard_on_resume=false"), 2) is None
 

@@ -9,7 +9,7 @@ iteration, consumed samples, n of √n and growth record kept; its optimizer sta
 data-parallel size loads). The original is only read and `latest` still names it. The copy is written in
 `.tmp-reshard-<its name>/` and renamed beside the original once committed with its manifest: a kill leaves
 the original as it was, and the next start removes the work folder and re-shards again. A later resume on the
-same layout reuses the copy. The ranks load the copy in place of the checkpoint chosen (`tag_for_this_layout`),
+same layout reuses the copy (written again if files of it are missing or cut short). The ranks load the copy in place of the checkpoint chosen (`tag_for_this_layout`),
 verified as any checkpoint is. One process writes: deepy.py, before any rank starts, on the file system the
 ranks share. `reshard_on_resume: false` keeps compatibility.py's refusal.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from megatron.checkpoint.commit import STAGING_PREFIX
 from megatron.checkpoint.manifest import sync_directory
-from megatron.checkpoint.selection import checkpoint_problems
+from megatron.checkpoint.selection import checkpoint_problems, present_file_problems
 from megatron.config import Config, ConfigError
 from megatron.formats.deepspeed.compatibility import holds_weights_only, layout_problems
 from megatron.growth.grow_checkpoint import write_grown_checkpoint
@@ -85,8 +85,9 @@ def reshard(load: Path, tag: str, cfg: Config, data_parallel: int) -> tuple[str,
     whether this call wrote it (False: an earlier resume did). One process, no process group."""
     name = resharded_tag(tag, cfg, data_parallel)
     final = load / name
-    if final.is_dir():
+    if final.is_dir() and not present_file_problems(final):
         return name, False
+    shutil.rmtree(final, ignore_errors=True)  # a copy with files missing or cut short: derived, written again
     work = load / f"{WORK_PREFIX}{name}"
     shutil.rmtree(work, ignore_errors=True)  # a re-shard killed before it finished
     source = load / tag
@@ -94,9 +95,10 @@ def reshard(load: Path, tag: str, cfg: Config, data_parallel: int) -> tuple[str,
     if problem:
         raise ConfigError(problem)
     saved = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    layout = ("model_parallel_size", "pipe_parallel_size", "world_size", "train_batch_size",
-              "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-    target = Config.from_dict({**saved, **{key: getattr(cfg, key) for key in layout}})
+    # The checkpoint's model in this run's layout, whose batch sizes its config.json then states consistently
+    this_run = ("model_parallel_size", "pipe_parallel_size", "world_size", "train_batch_size",
+                "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    target = Config.from_dict({**saved, **{key: getattr(cfg, key) for key in this_run}})
     written, _ = write_grown_checkpoint(source, work, target)
     written.rename(final)  # committed with its manifest in `work`: renamed whole, or not at all
     sync_directory(load)
