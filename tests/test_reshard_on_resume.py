@@ -3,7 +3,8 @@ changes"), on forked gloo ranks with the real Trainer (tests/tiny.yml, fp32, ZeR
 
 One run that never changes layout is the reference: 32 iterations on TP 1 × PP 0 × DP 2, saving at iteration 3.
 A chain of resumes in one save directory continues from that checkpoint, each stage on another layout, set up
-as deepy.py sets it up (the global batch kept, the checkpoint re-sharded beside the original), each stage's
+as deepy.py sets it up (the global batch kept, the checkpoint re-sharded beside the original; once, as a launch
+without deepy.py, by rank 0 while the other rank waits), each stage's
 losses against the reference's at the same iterations: DP 2 → 1 and DP 1 → 2 (10 iterations each, 1e-6), then
 TP 1 → TP 2 × PP 1, TP 2 × PP 1 → TP 1 × PP 2, TP 1 × PP 2 → TP 2 × PP 1 (3 each, 1e-5). A stage that lost
 Adam's moments or step, the data position or the global batch would differ from the reference at once.
@@ -65,17 +66,18 @@ def train_until(overrides: list[str], world: int, until: int) -> int:
     return start
 
 
-def launch(overrides: list[str], world: int, until: int) -> tuple[list[str], int]:
-    """As deepy.py launches: the config resolved with the global batch kept, the checkpoint re-sharded; the
-    lines deepy.py prints of it, and the ranks' first iteration."""
+def launch(overrides: list[str], world: int, until: int, reshard_before: bool) -> tuple[list[str], int]:
+    """As deepy.py launches: the config resolved with the global batch kept, the checkpoint re-sharded (or, not
+    `reshard_before`, as a launch without deepy.py: rank 0 re-shards); the lines deepy.py prints of it, and the
+    ranks' first iteration."""
     overrides = [*overrides, f"num_gpus={world}"]
     cfg = load_config([TINY], overrides, world_size=world)
     kept = kept_batch_override(cfg, keys_set([TINY], overrides))
     if kept:
         overrides.append(kept)
         cfg = load_config([TINY], overrides, world_size=world)
-    lines = [line for line in (kept_batch_note(cfg), reshard_before_launch(cfg, world)) if line]
-    return lines, run_on_ranks(world, train_until, overrides, world, until)[0]
+    lines = [kept_batch_note(cfg), reshard_before_launch(cfg, world) if reshard_before else None]
+    return [line for line in lines if line], run_on_ranks(world, train_until, overrides, world, until)[0]
 
 
 def train_losses(log_dir: Path) -> dict[int, float]:
@@ -98,12 +100,12 @@ def resumable_at_3(reference_save: Path, directory: Path) -> Path:
     return directory
 
 
-CHAIN = [  # (layout, processes, iterations, tolerance)
-    ({}, 1, 10, 1e-6),
-    ({}, 2, 10, 1e-6),
-    ({"model_parallel_size": 2, "pipe_parallel_size": 1}, 2, 3, 1e-5),
-    ({"model_parallel_size": 1, "pipe_parallel_size": 2}, 2, 3, 1e-5),
-    ({"model_parallel_size": 2, "pipe_parallel_size": 1}, 2, 3, 1e-5),
+CHAIN = [  # (layout, processes, iterations, tolerance, re-sharded before launch: else by rank 0)
+    ({}, 1, 10, 1e-6, True),
+    ({}, 2, 10, 1e-6, False),
+    ({"model_parallel_size": 2, "pipe_parallel_size": 1}, 2, 3, 1e-5, True),
+    ({"model_parallel_size": 1, "pipe_parallel_size": 2}, 2, 3, 1e-5, True),
+    ({"model_parallel_size": 2, "pipe_parallel_size": 1}, 2, 3, 1e-5, True),
 ]
 
 
@@ -111,9 +113,9 @@ def test_a_checkpoint_resumes_on_every_other_layout_with_the_losses_of_the_uncha
                                                                                         tmp_path):
     directory, expected = resumable_at_3(reference[0], tmp_path / "save"), reference[1]
     iteration, said = 3, []
-    for stage, (layout, world, steps, tolerance) in enumerate(CHAIN):
+    for stage, (layout, world, steps, tolerance, before) in enumerate(CHAIN):
         log_dir, until = tmp_path / f"logs{stage}", iteration + steps
-        lines, start = launch(values(demo_data, directory, log_dir, layout, until), world, until)
+        lines, start = launch(values(demo_data, directory, log_dir, layout, until), world, until, before)
         said.append(lines)
         losses = train_losses(log_dir)
         assert start == iteration and min(losses) == iteration + 1, (stage, start, losses)
@@ -164,8 +166,18 @@ def reshard_in_a_process(cfg: Config) -> subprocess.Popen:
     return process
 
 
+def wider(base: Path) -> Path:
+    """`base` with 8 layers of width 1024 (~20M parameters): a re-shard long enough (about a second) to be
+    killed midway every time."""
+    text = base.read_text().replace("num_layers: 2\n", "num_layers: 8\n").replace("hidden_size: 64\n",
+                                                                                   "hidden_size: 1024\n")
+    path = base.with_name("wider.yml")
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 def test_a_re_shard_killed_midway_leaves_the_original_and_the_same_command_redoes_it_then_reuses_it(tmp_path):
-    base = without_growth_mode(tmp_path)
+    base = wider(without_growth_mode(tmp_path))
     source = mid_ramp_checkpoint(tmp_path / "save", base)
     digest, cfg = content_digest(source), tp2_resume_of(source.parent, base)
     work = source.parent / ".tmp-reshard-global_step4-tp2pp0dp1"

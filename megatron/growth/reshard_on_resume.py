@@ -11,18 +11,25 @@ data-parallel size loads). The original is only read and `latest` still names it
 the original as it was, and the next start removes the work folder and re-shards again. A later resume on the
 same layout reuses the copy (written again if files of it are missing or cut short). The ranks load the copy in place of the checkpoint chosen (`tag_for_this_layout`),
 verified as any checkpoint is. One process writes: deepy.py, before any rank starts, on the file system the
-ranks share. `reshard_on_resume: false` keeps compatibility.py's refusal.
+ranks share; where the ranks were started without it, rank 0, in a process of its own, while the others wait.
+`reshard_on_resume: false` keeps compatibility.py's refusal.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import torch.distributed as dist
 
 from megatron.checkpoint.commit import STAGING_PREFIX
 from megatron.checkpoint.manifest import sync_directory
 from megatron.checkpoint.selection import checkpoint_problems, present_file_problems
+from megatron.checkpoint.work_split import is_rank_0, same_on_all_ranks
 from megatron.config import Config, ConfigError
 from megatron.formats.deepspeed.compatibility import holds_weights_only, layout_problems
 from megatron.growth.grow_checkpoint import write_grown_checkpoint
@@ -120,17 +127,45 @@ def resharded_line(cfg: Config, tag: str | None, processes: int) -> str | None:
     return f"resuming {tag} ({saved_layout(load / tag)}) as {now}: {how} {name}"
 
 
+def _reshard_in_a_process(cfg: Config, tag: str, processes: int) -> str:
+    """resharded_line in a process of its own, outside the ranks' process group (the grow tool's code verifies
+    and commits as one process); its line, or ConfigError with its error."""
+    repository = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(filter(None, [repository, os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", __name__, tag, str(processes)], input=cfg.to_json(), text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": path})
+    if done.returncode:
+        lines = done.stderr.strip().splitlines()
+        raise ConfigError(lines[-1] if lines else f"load: re-sharding {tag} failed (exit code {done.returncode})")
+    return done.stdout.strip().splitlines()[-1]
+
+
 def tag_for_this_layout(cfg: Config, tag: str | None, data_parallel: int) -> str | None:
-    """Collective, in the ranks: the checkpoint to load for `tag` (resume_tag's choice): its copy re-sharded
-    into this layout where it needs one and deepy.py wrote it (verified here, as resume_tag verifies `tag`);
-    `tag` otherwise, which the load then refuses if it does not fit, naming the fix."""
+    """Collective, in the ranks: the checkpoint to load for `tag` (resume_tag's choice): its copy re-sharded into
+    this layout where it needs one, verified as resume_tag verifies `tag`. Launched by deepy.py, the copy is
+    there; launched otherwise (srun train.py), rank 0 writes it while the others wait. `tag` where it fits, or
+    with reshard_on_resume false (the load then refuses it, naming the fix)."""
     if tag is None or not cfg.reshard_on_resume or not needs_reshard(Path(cfg.load) / tag, cfg, data_parallel):
         return tag
     name = resharded_tag(tag, cfg, data_parallel)
-    if not (Path(cfg.load) / name).is_dir():
-        return tag
+    failure = None
+    if is_rank_0() and not (Path(cfg.load) / name).is_dir():
+        try:
+            print(_reshard_in_a_process(cfg, tag, dist.get_world_size()), flush=True)
+        except ConfigError as error:
+            failure = str(error)
+    failure = same_on_all_ranks(failure)
+    if failure:
+        raise ConfigError(failure)
     problems = checkpoint_problems(Path(cfg.load) / name)
     if problems:
         raise ConfigError(f"load: {Path(cfg.load) / name}, {tag} re-sharded into this layout, cannot be read: "
-                          f"{'; '.join(problems)}. Delete it: the next launch by deepy.py re-shards {tag} again")
+                          f"{'; '.join(problems)}. Delete it: the next start re-shards {tag} again")
     return name
+
+
+if __name__ == "__main__":  # rank 0's re-shard (tag_for_this_layout): the config on stdin; the tag, the world size
+    try:
+        print(resharded_line(Config.from_json(sys.stdin.read()), sys.argv[1], int(sys.argv[2])))
+    except ConfigError as error:
+        sys.exit(str(error))

@@ -25,9 +25,8 @@ from megatron.model.args import ARCHITECTURE_KEYS
 from megatron.mpu import full_shape
 
 ZERO_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-RESHARD = ("launch with deepy.py and reshard_on_resume: true (the default), which re-shards it beside the "
-           "original, or re-shard it into this run's layout with tools/grow_checkpoint.py (the slot counts "
-           "unchanged)")
+RESHARD = ("set reshard_on_resume: true (the default), which re-shards it beside the original, or re-shard it "
+           "into this run's layout with tools/grow_checkpoint.py (the slot counts unchanged)")
 
 
 def _saved_config(tag_dir: Path) -> dict:
