@@ -10,10 +10,9 @@ hostfile and include/exclude, the launcher's tools and ssh reachability, and
 the files the run reads (launch/preflight.py), and that this machine's memory holds its ranks and
 sample index (launch/node_resources.py); a run whose checkpoint already reached train_iters is not
 launched (it says so and exits 0). A checkpoint saved on another parallel layout is re-sharded into
-this one beside it, its global batch kept (growth/reshard_on_resume.py, launch/global_batch.py). The config
-is printed once, with a warning per optimizer or data
-key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.py), and
-passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
+this one beside it, its global batch kept (growth/reshard_on_resume.py, launch/global_batch.py). The
+config is printed once, with a warning per optimizer or data key changed from the checkpoint it resumes
+(formats/deepspeed/changed_settings.py), and passed to every rank. SIGTERM or Ctrl-C reaches every rank, which saves and
 stops (launch/supervise.py). DeepSpeed's compiled ops are kept with this Python environment
 (host/extension_cache.py). `launcher` picks how ranks
 start (docs/cluster.md): pdsh, the default (`num_gpus` processes on this machine, started by
