@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.grow import CONFIG, GIB, ITERATION, ON_CPU, measure, parameters, size
+from benchmarks.grow import (CONFIG, GIB, ITERATION, ON_CPU, measure, parameters, print_rows, size,
+                             timed_between_copies)
 from megatron.config import load_config  # no torch: this process's memory stays small
 from megatron.model.spec import slot_keys
 
@@ -80,21 +81,11 @@ def run(args: argparse.Namespace) -> None:
     reshard_command = [python, "-m", "benchmarks.reshard", "--workdir", str(work), "--resume-on",
                        str(args.resume_on), "--reshard-only", str(save), *map(str, configs)]
     resharded = save / f"global_step{ITERATION}-tp1pp1dp{args.resume_on}"
-    rows = []
-    for name, command, destination in (("cp -r", copy_command, copy), ("re-shard", reshard_command, resharded),
-                                       ("cp -r", copy_command, copy)):
-        seconds, peak, anonymous = measure(command)
-        rows.append((name, seconds, size(destination) / GIB, peak, anonymous))
-        print(f"{name}: {seconds:.1f} s", flush=True)
-        shutil.rmtree(destination)
+    rows = timed_between_copies("re-shard", reshard_command, resharded, copy_command, copy)
 
     print(f"\nsource: {args.config.name}, {config.num_layers} layers, hidden {config.hidden_size}, bf16, ZeRO-1 over "
           f"{args.data_parallel} ranks, {size(source) / GIB:.1f} GiB; re-sharded for {args.resume_on} ranks\n")
-    print("| operation | seconds | written (GiB) | peak RSS (GiB) | peak anonymous (GiB) |")
-    print("| --- | --- | --- | --- | --- |")
-    for name, seconds, written, peak, anonymous in rows:
-        print(f"| {name} | {seconds:.1f} | {written:.1f} | {peak:.2f} | {anonymous:.2f} |")
-    copy_seconds = (rows[0][1] + rows[2][1]) / 2
+    copy_seconds = print_rows(rows)
     print(f"\nre-shard / cp -r = {rows[1][1]:.1f} s / {copy_seconds:.1f} s (mean of both copies) = "
           f"{rows[1][1] / copy_seconds:.2f}")
 
