@@ -15,6 +15,7 @@ from megatron.checkpoint.manifest import checkpoint_files, record_file, write_ma
 from megatron.checkpoint.pruning import delete_old_checkpoints
 from megatron.checkpoint.save import save_checkpoint
 from megatron.config import load_config
+from megatron.runtime.process_group import without_deepspeeds_inference_comm_op
 from tests.conftest import REPO
 from tests.distributed import run_on_ranks
 
@@ -101,6 +102,7 @@ def resume_past_a_damaged_checkpoint_and_save_it_again(save: str) -> list[str]:
     cfg = load_config([REPO / "tests" / "tiny.yml"], ["padded_vocab_size=256", f"save={save}", "num_gpus=1"],
                       world_size=1)
     model = torch.nn.Linear(4, 4)
+    without_deepspeeds_inference_comm_op()  # as training does: else DeepSpeed compiles a C++ op on first use
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
         "train_batch_size": 1, "optimizer": {"type": "Adam", "params": {"lr": 0.001, "torch_adam": True}}})
     for step in (10, 20):
