@@ -24,7 +24,7 @@ from tests.distributed import free_port
 SUPERVISOR = """
 import os, signal, sys
 from megatron.launch.supervise import run_launcher
-code = run_launcher(sys.argv[1:], sys.argv[-1])
+code = run_launcher(sys.argv[1:], sys.argv[-1]).code
 if "AFTER_THE_END" in os.environ:
     os.kill(os.getpid(), int(os.environ["AFTER_THE_END"]))
 sys.exit(code)

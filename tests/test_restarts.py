@@ -1,0 +1,54 @@
+"""max_restarts (megatron/launch/restarts.py) on real deepy.py launches of the tiny config on 2 processes: a run whose
+ranks are SIGKILLed twice restarts twice and ends as the run without faults did, every loss and the final weights
+bitwise; a fault beyond max_restarts ends the job with a line that says so. The same under SLURM:
+tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, read_metrics
+from tests.distributed import free_port
+from tests.launch_checks import run_rank_check
+from tests.restart_faults import (FAULTS, assert_equals_the_uninterrupted_run, run_overrides, send_faults,
+                                  training_ranks)
+from tests.test_launch_signals import TINY
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_run_killed_twice_restarts_twice_and_equals_the_uninterrupted_run(demo_data, restart_reference, tmp_path):
+    command = [sys.executable, "deepy.py", "train.py", TINY, *run_overrides(demo_data, tmp_path), "max_restarts=2",
+               f"master_port={free_port()}"]
+    job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        send_faults(job, tmp_path, lambda: training_ranks(psutil.Process(job.pid)))
+        output, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    assert job.returncode == 0, output
+    for restart, (_, rank, checkpoint) in enumerate(FAULTS, start=1):
+        assert (f"deepy.py: restart {restart} of 2 (max_restarts): local rank {rank} was the first to end: killed by "
+                f"SIGKILL; every rank ended, and all start again from {tmp_path}/checkpoints/{checkpoint} "
+                f"(iteration {checkpoint.removeprefix('global_step')})") in output, output
+    assert_equals_the_uninterrupted_run(tmp_path, restart_reference)
+
+
+def test_a_fault_beyond_max_restarts_ends_the_job_saying_so(demo_data, tmp_path, monkeypatch):
+    """Every launch's rank 1 is SIGKILLed: the third fault, with max_restarts: 2, ends the job."""
+    monkeypatch.setenv("KILL_RANK", "1")
+    result = run_rank_check(demo_data, "max_restarts=2", f"save={tmp_path}/checkpoints",
+                            f"load={tmp_path}/checkpoints", f"log_dir={tmp_path}/logs", check=False)
+    assert result.returncode == 128 + 9, result.stderr
+    errors = result.stderr.splitlines()
+    assert errors[-1] == ("deepy.py: tests/scripts/rank_check.py failed again after 2 restarts, all that max_restarts "
+                          "= 2 allows: the job ends (exit status 137). Fix the cause above and run the same command: "
+                          "it resumes from the latest checkpoint"), result.stderr
+    assert [line for line in errors if line.startswith("deepy.py: restart")] == [
+        f"deepy.py: restart {n} of 2 (max_restarts): local rank 1 was the first to end: killed by SIGKILL; every rank "
+        f"ended, and all start again from the start: {tmp_path}/checkpoints holds no checkpoint yet" for n in (1, 2)]
+    assert [(r["split"], r["restart"]) for r in read_metrics(tmp_path / "logs")] == [("restart", 1), ("restart", 2)]
