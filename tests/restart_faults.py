@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,9 @@ ITERATIONS = 14
 # (iteration after which the fault comes, the rank it kills, the checkpoint the restart resumes from)
 FAULTS = ((7, 1, "global_step5"), (12, 0, "global_step10"))
 FAULT_TIMEOUT_SECONDS = 180
+# The environment of every launch: one thread per rank, so that runs compare bitwise whichever launcher started
+# them (a rank takes its share of the cores from LOCAL_SIZE, which srun does not set: 2 threads each there).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def run_overrides(demo_data: Path, run_dir: Path) -> list[str]:
@@ -55,7 +57,20 @@ def training_ranks(process: psutil.Process) -> dict[int, psutil.Process]:
     return ranks
 
 
-def send_faults(job: subprocess.Popen, run_dir: Path, ranks: Callable[[], dict[int, psutil.Process]]) -> None:
+def slurm_job_ranks(job: str) -> dict[int, psutil.Process]:
+    """Local rank -> the train.py task of SLURM job `job` running it on this machine (started by slurmd)."""
+    ranks = {}
+    for process in psutil.process_iter():
+        try:
+            environment = process.environ()
+            if environment.get("SLURM_JOB_ID") == job and runs_script(process.cmdline(), "train.py"):
+                ranks[int(environment["SLURM_LOCALID"])] = process
+        except (psutil.Error, KeyError):
+            continue
+    return ranks
+
+
+def send_faults(running: Callable[[], bool], run_dir: Path, ranks: Callable[[], dict[int, psutil.Process]]) -> None:
     """Each of FAULTS in turn: once the attempt running has logged its iteration, SIGKILL to that rank."""
     for done, (iteration, rank, _) in enumerate(FAULTS):
         deadline = time.monotonic() + FAULT_TIMEOUT_SECONDS
@@ -66,8 +81,7 @@ def send_faults(job: subprocess.Popen, run_dir: Path, ranks: Callable[[], dict[i
             if restarts == done and reached >= iteration and rank in ranks():
                 ranks()[rank].send_signal(signal.SIGKILL)
                 break
-            assert job.poll() is None and time.monotonic() < deadline, (
-                f"no iteration {iteration} after {done} restarts (exit {job.poll()})")
+            assert running() and time.monotonic() < deadline, f"no iteration {iteration} after {done} restarts"
             time.sleep(0.01)
 
 

@@ -5,6 +5,7 @@ tests/test_slurm.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,8 +15,8 @@ import pytest
 from tests.conftest import REPO, read_metrics
 from tests.distributed import free_port
 from tests.launch_checks import run_rank_check
-from tests.restart_faults import (FAULTS, assert_equals_the_uninterrupted_run, run_overrides, send_faults,
-                                  training_ranks)
+from tests.restart_faults import (FAULTS, ONE_THREAD, assert_equals_the_uninterrupted_run, run_overrides,
+                                  send_faults, training_ranks)
 from tests.test_launch_signals import TINY
 
 pytestmark = pytest.mark.slow
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.slow
 def test_a_run_killed_twice_restarts_twice_and_equals_the_uninterrupted_run(demo_data, restart_reference, tmp_path):
     command = [sys.executable, "deepy.py", "train.py", TINY, *run_overrides(demo_data, tmp_path), "max_restarts=2",
                f"master_port={free_port()}"]
-    job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=dict(os.environ, **ONE_THREAD))
     try:
-        send_faults(job, tmp_path, lambda: training_ranks(psutil.Process(job.pid)))
+        send_faults(lambda: job.poll() is None, tmp_path, lambda: training_ranks(psutil.Process(job.pid)))
         output, _ = job.communicate(timeout=300)
     finally:
         job.kill()

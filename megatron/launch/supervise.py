@@ -135,6 +135,13 @@ def _first_to_end(first_to_end: FirstRankToEnd, kills_before: dict[str, int]) ->
                         _why_killed(first_to_end, kills_before))
 
 
+def _ended_badly(first_to_end: FirstRankToEnd, first: str | None) -> str | None:
+    """Which rank ended first and how, or under srun, which names no first, the tasks it reports ended badly."""
+    if first or not first_to_end.srun_task_ends:
+        return first
+    return f"srun reported {'; '.join(first_to_end.srun_task_ends)}"
+
+
 def _failure_line(script: str, code: int, first_to_end: FirstRankToEnd, first: str | None) -> str:
     """deepy.py's last line for a job that failed with exit status `code`, whose first rank to end `first` names."""
     if first_to_end.code == CLUSTER_CHECK_FAILED and Path(script).name == CLUSTER_CHECK_SCRIPT:
@@ -214,4 +221,4 @@ def run_launcher(command: list[str], script: str, requested: list[int] | None = 
         return LaunchEnd(0)
     first = _first_to_end(first_to_end, kills_before)
     say(_failure_line(script, code, first_to_end, first))
-    return LaunchEnd(code, first)
+    return LaunchEnd(code, _ended_badly(first_to_end, first))
