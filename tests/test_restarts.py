@@ -6,6 +6,7 @@ tests/test_slurm.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ from tests.launch_checks import run_rank_check
 from tests.restart_faults import (FAULTS, ONE_THREAD, assert_equals_the_uninterrupted_run, run_overrides,
                                   send_faults, training_ranks)
 from tests.test_launch_signals import TINY
+from tests.test_supervise import RANK, supervise, wait_until_ready
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +40,28 @@ def test_a_run_killed_twice_restarts_twice_and_equals_the_uninterrupted_run(demo
                 f"SIGKILL; every rank ended, and all start again from {tmp_path}/checkpoints/{checkpoint} "
                 f"(iteration {checkpoint.removeprefix('global_step')})") in output, output
     assert_equals_the_uninterrupted_run(tmp_path, restart_reference)
+
+
+# deepy.py's last step with max_restarts: 2 on a config whose save and load are the first argument.
+RESTARTING_SUPERVISOR = f"""
+import sys
+from megatron.config import load_config
+from megatron.launch.restarts import run_with_restarts
+cfg = load_config([{TINY!r}], ["max_restarts=2", "save=" + sys.argv[1], "load=" + sys.argv[1]], world_size=2)
+sys.exit(run_with_restarts(cfg, sys.argv[2:], sys.argv[-1]))
+"""
+
+
+def test_a_stop_that_ends_ranks_still_starting_is_not_restarted(tmp_path):
+    """Ranks that catch no signal yet (importing, compiling) end on the stop with a failure's status; a stop you
+    asked for is not restarted (two small rank scripts under local_ranks.py, no torch: seconds)."""
+    supervisor = supervise(tmp_path, RANK, (RESTARTING_SUPERVISOR, str(tmp_path / "checkpoints")))
+    wait_until_ready(supervisor, tmp_path)
+    supervisor.send_signal(signal.SIGUSR1)
+    _, errors = supervisor.communicate(timeout=60)
+    assert supervisor.returncode == 128 + signal.SIGUSR1, errors
+    assert "restart" not in errors and errors.splitlines()[-1].endswith(
+        "stopped at your request (SIGUSR1) while its ranks were starting, before they could save a checkpoint"), errors
 
 
 def test_a_fault_beyond_max_restarts_ends_the_job_saying_so(demo_data, tmp_path, monkeypatch):
