@@ -128,6 +128,12 @@ def test_ignored_launcher_keys_are_noted():
     }
 
 
+@pytest.mark.parametrize("script, noted", [("train.py", False), ("generate.py", True), ("cluster_check.py", True)])
+def test_max_restarts_is_noted_where_nothing_restarts(script, noted):
+    cfg = config("max_restarts=2", "save=ck", "load=ck", f"user_script={script}")
+    assert ("max_restarts" in dict(launch_notes(cfg))) == noted
+
+
 def test_config_argument_round_trips():
     cfg = config("train_iters=7")
     assert decode_config(encode_config(cfg)).to_json() == cfg.to_json()

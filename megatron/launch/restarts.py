@@ -72,7 +72,7 @@ def run_with_restarts(cfg: Config, command: list[str], script: str) -> int:
                                         "time": time.time()})
         end = run_launcher(command, script, stops)
     if end.code and not stops and cfg.max_restarts:
-        say(f"deepy.py: {script} failed again after {cfg.max_restarts} restarts, all that max_restarts = "
-            f"{cfg.max_restarts} allows: the job ends (exit status {end.code}). Fix the cause above and run the same "
-            "command: it resumes from the latest checkpoint")
+        say(f"deepy.py: {script} failed again with no restart left (max_restarts = {cfg.max_restarts}): the job ends "
+            f"(exit status {end.code}). Fix the cause above and run the same command: it resumes from the latest "
+            "checkpoint")
     return end.code
