@@ -44,13 +44,15 @@ from megatron.config.validate import raise_if_any  # noqa: E402
 from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa: E402
 from megatron.growth.notes import launch_notes as growth_notes  # noqa: E402
 from megatron.host.extension_cache import use_environment_cache  # noqa: E402
-from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size  # noqa: E402
+from megatron.launch.command import check_launcher, launch_command, launch_notes  # noqa: E402
 from megatron.launch.global_batch import kept_batch_note  # noqa: E402
 from megatron.launch.node_resources import node_core_notes, node_memory_problems  # noqa: E402
 from megatron.launch.preflight import (launches_here, nothing_left_to_train, preflight_notes,  # noqa: E402
                                        preflight_problems, reshard_before_launch)
 from megatron.launch.resolve import resolve_run  # noqa: E402
+from megatron.launch.resources import world_size  # noqa: E402
 from megatron.launch.restarts import run_with_restarts  # noqa: E402
+from megatron.launch.ssh import check_reachable  # noqa: E402
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"
 

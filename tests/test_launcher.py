@@ -14,7 +14,8 @@ import pytest
 
 from megatron.config import ConfigError, load_config
 from megatron.config.argument import decode_config, encode_config
-from megatron.launch import check_launcher, launch_command, launch_notes, process_slots
+from megatron.launch.command import check_launcher, launch_command, launch_notes
+from megatron.launch.resources import process_slots
 from megatron.launch.resources import local_device_ids
 from megatron.runtime.environment import TORCH_VARIABLES, export_rank_environment
 from tests.launch_checks import TINY
