@@ -14,7 +14,8 @@ this one beside it, its global batch kept (growth/reshard_on_resume.py, launch/g
 config is printed once, with a warning per optimizer or data key changed from the checkpoint it resumes
 (formats/deepspeed/changed_settings.py), and passed to every rank. SIGTERM, Ctrl-C, SIGHUP, SIGUSR1 or SIGUSR2
 reaches every rank, which saves and
-stops (launch/supervise.py). DeepSpeed's compiled ops are kept with this Python environment
+stops (launch/supervise.py). With max_restarts, a training job whose launch fails starts again from its latest
+checkpoint, every rank, up to that many times (launch/restarts.py). DeepSpeed's compiled ops are kept with this Python environment
 (host/extension_cache.py). `launcher` picks how ranks
 start (docs/cluster.md): pdsh, the default (`num_gpus` processes on this machine, started by
 launch/local_ranks.py, or DeepSpeed's runner on the hosts of a hostfile), srun (slurm) or mpirun
@@ -43,13 +44,15 @@ from megatron.config.validate import raise_if_any  # noqa: E402
 from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa: E402
 from megatron.growth.notes import launch_notes as growth_notes  # noqa: E402
 from megatron.host.extension_cache import use_environment_cache  # noqa: E402
-from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size  # noqa: E402
+from megatron.launch.command import check_launcher, launch_command, launch_notes  # noqa: E402
 from megatron.launch.global_batch import kept_batch_note  # noqa: E402
 from megatron.launch.node_resources import node_core_notes, node_memory_problems  # noqa: E402
 from megatron.launch.preflight import (launches_here, nothing_left_to_train, preflight_notes,  # noqa: E402
                                        preflight_problems, reshard_before_launch)
 from megatron.launch.resolve import resolve_run  # noqa: E402
-from megatron.launch.supervise import run_launcher  # noqa: E402
+from megatron.launch.resources import world_size  # noqa: E402
+from megatron.launch.restarts import run_with_restarts  # noqa: E402
+from megatron.launch.ssh import check_reachable  # noqa: E402
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"
 
@@ -106,7 +109,7 @@ def main(argv: list[str]) -> int:
     here = launches_here(cfg, slots)
     if here:  # the ranks need not detect it again, each warning "Setting accelerator to CPU" on a CPU machine
         os.environ.setdefault("DS_ACCELERATOR", device)
-    return run_launcher(command, script)
+    return run_with_restarts(cfg, command, script)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,17 @@ def demo_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def restart_reference(demo_data, tmp_path_factory) -> Path:
+    """The run of the restart tests (tests/restart_faults.py) without faults, through deepy.py; its folder."""
+    from tests.restart_faults import ONE_THREAD, run_overrides
+
+    run_dir = tmp_path_factory.mktemp("restart_reference")
+    run_deepy("train.py", str(REPO / "tests" / "tiny.yml"), *run_overrides(demo_data, run_dir),
+              env=dict(os.environ, **ONE_THREAD))
+    return run_dir
+
+
+@pytest.fixture(scope="session")
 def built_gpu_kit(tmp_path_factory) -> Path:
     """`python -m benchmarks.gpu_kit build` (from the package index), once per session: the kit's test and the GPU
     check's plumbing read the same kit."""

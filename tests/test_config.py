@@ -470,6 +470,18 @@ def test_compiling_on_a_cpu_is_named_as_silent_for_minutes():
 # --- generated documentation ----------------------------------------------------
 
 
+@pytest.mark.parametrize("paths, expected", [
+    ({}, "max_restarts = 2 restarts a failed run from its latest checkpoint, but save is unset: set save and load "
+         "to the same directory"),
+    ({"save": "run/ck"}, "max_restarts = 2 restarts a failed run from its latest checkpoint in load, but load = None "
+                         "is not save = 'run/ck': set load = 'run/ck'"),
+    ({"save": "run/ck", "load": "run/old"}, "but load = 'run/old' is not save = 'run/ck': set load = 'run/ck'"),
+])
+def test_restarts_need_load_to_be_save(paths, expected):
+    config_error(expected, {**MINIMAL, "max_restarts": 2, **paths})
+    assert Config.from_dict({**MINIMAL, "max_restarts": 2, "save": "run/ck/", "load": "run/ck"}).max_restarts == 2
+
+
 def test_docs_are_up_to_date():
     assert DOC_PATH.read_text(encoding="utf-8") == render(), "run: python -m megatron.config.docs"
 

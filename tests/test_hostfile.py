@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from megatron.config import ConfigError, load_config
-from megatron.launch import check_reachable, process_slots
+from megatron.launch.resources import process_slots
+from megatron.launch.ssh import check_reachable
 from megatron.launch.hostfile import read_hostfile
 from tests.launch_checks import TINY, run_rank_check
 

@@ -14,7 +14,8 @@ import pytest
 
 from megatron.config import ConfigError, load_config
 from megatron.config.argument import decode_config, encode_config
-from megatron.launch import check_launcher, launch_command, launch_notes, process_slots
+from megatron.launch.command import check_launcher, launch_command, launch_notes
+from megatron.launch.resources import process_slots
 from megatron.launch.resources import local_device_ids
 from megatron.runtime.environment import TORCH_VARIABLES, export_rank_environment
 from tests.launch_checks import TINY
@@ -126,6 +127,12 @@ def test_ignored_launcher_keys_are_noted():
         "comment": "only srun takes --comment; launcher openmpi ignores it",
         "num_gpus": "include/exclude choose the slots of each host",
     }
+
+
+@pytest.mark.parametrize("script, noted", [("train.py", False), ("generate.py", True), ("cluster_check.py", True)])
+def test_max_restarts_is_noted_where_nothing_restarts(script, noted):
+    cfg = config("max_restarts=2", "save=ck", "load=ck", f"user_script={script}")
+    assert ("max_restarts" in dict(launch_notes(cfg))) == noted
 
 
 def test_config_argument_round_trips():

@@ -22,6 +22,8 @@ from megatron.data.indexed_dataset import MMapIndexedDataset
 from tests.conftest import REPO, read_metrics
 from tests.distributed import free_port
 from tests.launch_checks import TINY, assert_job_ended_promptly, assert_ranks_joined, run_rank_check
+from tests.restart_faults import (FAULTS, ONE_THREAD, assert_equals_the_uninterrupted_run, run_overrides,
+                                  send_faults, slurm_job_ranks)
 from tests.slurm_cluster import SlurmCluster
 from tests.system_packages import require_debian_packages
 from tests.test_cluster_check import report_sections
@@ -55,21 +57,36 @@ def submit_env(slurm, tmp_path_factory) -> dict[str, str]:
     return dict(slurm.environment(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
-def sbatch(env: dict[str, str], options: list[str], script: str, *args: str) -> list[str]:
-    """Submit from the repository root and wait for the job (every task of an array); returns their final states.
-
-    Polls twice a second: `sbatch --wait` backs off to tens of seconds between polls.
-    """
+def submit(env: dict[str, str], options: list[str], script: str, *args: str) -> str:
+    """Submit from the repository root; the job's id."""
     submitted = subprocess.run(
         ["sbatch", "--parsable", *options, script, *args], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.strip().split(";")[0]
+    return submitted.stdout.strip().split(";")[0]
+
+
+def final_states(env: dict[str, str], job: str) -> list[str] | None:
+    """The final states of `job`'s tasks (every task of an array), or None while one has not ended."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True)
+    states = re.findall(r"JobState=(\S+)", shown.stdout)
+    return states if states and FINAL_STATES.issuperset(states) else None
+
+
+def sbatch(env: dict[str, str], options: list[str], script: str, *args: str) -> list[str]:
+    """Submit from the repository root and wait for the job (every task of an array); returns their final states."""
+    return wait_for_job(env, submit(env, options, script, *args))
+
+
+def wait_for_job(env: dict[str, str], job: str) -> list[str]:
+    """The final states of `job`'s tasks, once every one has ended.
+
+    Polls twice a second: `sbatch --wait` backs off to tens of seconds between polls.
+    """
     deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True)
-        states = re.findall(r"JobState=(\S+)", shown.stdout)
-        if states and FINAL_STATES.issuperset(states):
+        states = final_states(env, job)
+        if states:
             return states
         time.sleep(0.5)
     raise AssertionError(f"job {job} did not finish within {JOB_TIMEOUT_SECONDS} s")
@@ -178,3 +195,25 @@ def test_cluster_check_job_passes_every_section_through_its_template(submit_env,
     assert "launching 2 processes: srun --ntasks=2 --nodes=1 --ntasks-per-node=2" in text
     assert "cluster check: PASS" in text and "Traceback" not in text
     assert set(report_sections(tmp_path / "logs").values()) == {"PASS"}
+
+
+def test_a_job_with_max_restarts_restarts_every_task_in_its_allocation_and_equals_the_uninterrupted_run(
+        submit_env, demo_data, restart_reference, tmp_path):
+    """tools/slurm/train.sbatch with one key more, max_restarts=2: a task SIGKILLed at iteration 7 and another at
+    iteration 12 end their srun step; deepy.py, in the same allocation, runs srun again from the latest checkpoint,
+    and the job completes as the run without faults did (tests/restart_faults.py)."""
+    output = tmp_path / "job.out"
+    job = submit(dict(submit_env, **ONE_THREAD), ["--gpus-per-node=0", "--ntasks-per-node=2", f"--output={output}"],
+                 "tools/slurm/train.sbatch", TINY, *run_overrides(demo_data, tmp_path), f"master_port={free_port()}",
+                 "max_restarts=2")
+    send_faults(lambda: final_states(submit_env, job) is None, tmp_path, lambda: slurm_job_ranks(job))
+    result = wait_for_job(submit_env, job)
+    text = output.read_text() if output.exists() else ""
+    assert result == ["COMPLETED"], f"job {result}\n{text}"
+    assert text.count("launching 2 processes: srun --ntasks=2") == 1, text
+    for restart, (_, rank, checkpoint) in enumerate(FAULTS, start=1):
+        assert re.search(rf"deepy.py: restart {restart} of 2 \(max_restarts\): srun reported [^\n]*task {rank} on "
+                         rf"{socket.gethostname()}: Killed[^\n]*; every rank ended, and all start again from "
+                         rf"{tmp_path}/checkpoints/{checkpoint} ", text), text
+    assert_equals_the_uninterrupted_run(tmp_path, restart_reference)
+

@@ -24,7 +24,7 @@ from tests.distributed import free_port
 SUPERVISOR = """
 import os, signal, sys
 from megatron.launch.supervise import run_launcher
-code = run_launcher(sys.argv[1:], sys.argv[-1])
+code = run_launcher(sys.argv[1:], sys.argv[-1]).code
 if "AFTER_THE_END" in os.environ:
     os.kill(os.getpid(), int(os.environ["AFTER_THE_END"]))
 sys.exit(code)
@@ -57,12 +57,15 @@ time.sleep(300)
 """
 
 
-def supervise(tmp_path: Path, body: str, **environment: str) -> subprocess.Popen:
+def supervise(tmp_path: Path, body: str, supervisor: tuple[str, ...] = (SUPERVISOR,),
+              **environment: str) -> subprocess.Popen:
+    """`supervisor` (Python code, then its arguments before the launcher's command) over local_ranks.py running
+    `body` on 2 ranks."""
     script = tmp_path / "rank.py"
     script.write_text(body)
     launcher = [sys.executable, "-u", "-m", "megatron.launch.local_ranks", "--devices", "0,1", "--master_port",
                 str(free_port()), str(script)]
-    return subprocess.Popen([sys.executable, "-c", SUPERVISOR, *launcher], cwd=REPO, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", *supervisor, *launcher], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OUT=str(tmp_path), **environment))
 
 

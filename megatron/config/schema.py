@@ -405,6 +405,13 @@ _LAUNCHER = (
     Key("deepspeed_slurm", bool, False, "launcher", "Read ranks and addresses from the SLURM environment."),
     Key("no_ssh_check", bool, False, "launcher", "Skip the ssh reachability check of the head node."),
     Key("comment", str, None, "launcher", "Passed to the launcher as --comment (some clusters require it)."),
+    Key("max_restarts", int, 0, "launcher",
+        "Times a failed training job starts again inside the job (the same allocation under SLURM): when a rank "
+        "fails (exits non-zero: an error, a kill, a hang the run ends), deepy.py ends every rank and starts them "
+        "all again from the latest checkpoint in load, which must be save's directory. Each restart is said in "
+        "the log (which rank, how, from which checkpoint) and recorded in metrics.jsonl (split: restart); a stop "
+        "you asked for (SIGTERM, Ctrl-C, SIGUSR1) is never restarted. 0: a failure ends the job "
+        "(docs/reliability.md).", valid_range=NON_NEGATIVE),
     Key("user_script", str, None, "launcher", "Script each rank runs.", derived="set by the launcher"),
     Key("launch_id", str, None, "launcher",
         "This launch's identity, which every rank checks at the rendezvous: a rank that reached another run's "

@@ -12,6 +12,7 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from megatron.cli import InputError
@@ -330,6 +331,18 @@ def _compile_section_is_known(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _restarts_resume_the_run(v: Mapping[str, Any]) -> str | None:
+    """A restart resumes from `load`: it must be where the run saves, or each restart would go back to the
+    checkpoint the run began from (or to iteration 0)."""
+    if not v["max_restarts"] or (v["save"] and v["load"] and Path(v["load"]) == Path(v["save"])):
+        return None
+    if not v["save"]:
+        return (f"max_restarts = {v['max_restarts']} restarts a failed run from its latest checkpoint, but save is "
+                "unset: set save and load to the same directory")
+    return (f"max_restarts = {v['max_restarts']} restarts a failed run from its latest checkpoint in load, but load "
+            f"= {v['load']!r} is not save = {v['save']!r}: set load = {v['save']!r}")
+
+
 # The data index, the sampler and the checkpoints count samples in 64-bit integers.
 MOST_SAMPLES = 2**63 - 1
 
@@ -362,6 +375,7 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _exit_signals_are_catchable,
     _compile_section_is_known,
     _samples_can_be_counted,
+    _restarts_resume_the_run,
 )
 
 

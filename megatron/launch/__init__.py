@@ -2,20 +2,8 @@
 the processes started and supervised.
 
 deepy.py resolves and checks everything before any process starts
-(`process_slots`, `check_launcher`, `check_reachable`), then runs
+(resources.py `process_slots`, command.py `check_launcher`, ssh.py `check_reachable`), then runs
 `launch_command`. The ranks never import this package: what they run is megatron/runtime, and what both sides
-share on a machine is megatron/host.
+share on a machine is megatron/host. Nothing is imported here: `python -m megatron.launch.local_ranks`, which
+starts the ranks (again at each restart), would otherwise import torch through command.py first.
 """
-
-from megatron.launch.command import check_launcher, launch_command, launch_notes
-from megatron.launch.resources import process_slots, world_size
-from megatron.launch.ssh import check_reachable
-
-__all__ = [
-    "check_launcher",
-    "check_reachable",
-    "launch_command",
-    "launch_notes",
-    "process_slots",
-    "world_size",
-]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from megatron.config import Config, ConfigError
 from megatron.launch import deepspeed_runner, mpi, slurm
 from megatron.launch.resources import Slots
+from megatron.launch.restarts import restarts_apply
 
 
 @dataclass(frozen=True)
@@ -50,4 +51,7 @@ def launch_notes(cfg: Config) -> list[tuple[str, str]]:
         notes.append(("comment", f"only srun takes --comment; launcher {cfg.launcher} ignores it"))
     if cfg.num_gpus and (cfg.include or cfg.exclude):
         notes.append(("num_gpus", "include/exclude choose the slots of each host"))
+    if cfg.max_restarts and not restarts_apply(cfg, cfg.user_script or ""):
+        notes.append(("max_restarts", "only a training run restarts; an inference run, an eval_only run or a "
+                      "cluster check ends at its first failure"))
     return notes

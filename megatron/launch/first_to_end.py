@@ -5,7 +5,8 @@ The launcher logs it when it ends the others. DeepSpeed's per-node launcher (a p
 its host), in one line:
     [ERROR] [launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...] exits with
     return code = -9
-and local_ranks.py on one machine its FIRST_TO_END_LINE.
+and local_ranks.py on one machine its FIRST_TO_END_LINE. srun names no first task: it reports each task that ended
+badly as it notices it (`srun: error: HOST: task 1: Killed`), which is kept as srun says it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import BinaryIO, TextIO
 FIRST_TO_END = re.compile(r"(?:^|\n)(?:(?:(?P<host>[\w.-]+): )?[^\n]*sigkill_handler\][^\n]*--local_rank=(?P<rank>\d+)"
                           r"|local_ranks: local rank (?P<local>\d+) ended first with)"
                           r"[^\n]*return code = (?P<code>-?\d+)")
+SRUN_TASK_END = re.compile(r"srun: error: (?P<host>[\w.-]+): (?P<tasks>tasks? [\d,-]+): (?P<how>.+)")
 # How much of the launcher's latest output is searched, for a line split across reads.
 TAIL_CHARACTERS = 16384
 
@@ -31,6 +33,7 @@ class FirstRankToEnd:
         self.local_rank: int | None = None
         self.code: int | None = None  # its exit code (-N: killed by signal N)
         self.host: str | None = None  # None: this machine, under local_ranks.py
+        self.srun_task_ends: list[str] = []  # 'task 1 on node-a: Killed', as srun reports them
         self._threads = []
         for stream, target in ((stdout, sys.stdout), (stderr, sys.stderr)):
             thread = threading.Thread(target=self._forward, args=(stream, target), daemon=True)
@@ -38,7 +41,7 @@ class FirstRankToEnd:
             self._threads.append(thread)
 
     def _forward(self, stream: BinaryIO, target: TextIO) -> None:
-        tail = ""
+        tail = line = ""
         chunk = os.read(stream.fileno(), 65536)
         while chunk:
             try:
@@ -49,9 +52,14 @@ class FirstRankToEnd:
                 target.flush()
             except (OSError, ValueError):
                 pass  # deepy.py's own output is gone: keep draining, or the ranks would block writing theirs
+            text = chunk.decode("utf-8", "replace")
             if self.code is None:
-                tail = (tail + chunk.decode("utf-8", "replace"))[-TAIL_CHARACTERS:]
+                tail = (tail + text)[-TAIL_CHARACTERS:]
                 self._note(FIRST_TO_END.search(tail))
+            *lines, line = (line + text).split("\n")
+            line = line[-TAIL_CHARACTERS:]
+            self.srun_task_ends += [f"{end['tasks']} on {end['host']}: {end['how']}"
+                                    for end in map(SRUN_TASK_END.fullmatch, lines) if end]
             chunk = os.read(stream.fileno(), 65536)
 
     def _note(self, match: re.Match | None) -> None:

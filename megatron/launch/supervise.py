@@ -8,6 +8,7 @@ launcher does. As the subreaper of its descendants, it stops the ranks of a kill
 ends on the rank that ended first, and how (first_to_end.py; a SIGKILL by the out-of-memory killer named as
 such, out_of_memory.py), or, when the stop reached ranks still starting, on "stopped at your request", 128+N;
 a stopped cluster check, whose ranks end at once, leaves its report INCOMPLETE and says so, 128+N.
+run_launcher runs one launch; launch/restarts.py launches again after a failure, up to max_restarts times.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -31,6 +33,15 @@ from megatron.launch.out_of_memory import oom_kill_counts, out_of_memory_kills
 
 # How long a runner whose ranks ended may take to exit before what is left is ended.
 RUNNERS_GRACE_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class LaunchEnd:
+    """How one launch ended: deepy.py's exit status for it, and for a failure which rank ended first and how, where
+    the launcher's output tells (first_to_end.py), for a restart to say."""
+
+    code: int
+    first_to_end: str | None = None
 
 
 def runs_script(command_line: list[str], script: str) -> bool:
@@ -90,7 +101,7 @@ def _end_leftovers(this_process: psutil.Process) -> None:
             pass
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """Print `line` on stderr, unless that is gone (a hung-up terminal): nothing must keep a stop from the ranks."""
     try:
         print(line, file=sys.stderr, flush=True)
@@ -106,7 +117,7 @@ def _stop(ranks: list[psutil.Process], reason: str, script: str) -> None:
             pass  # ended meanwhile
     then = ("stop the check and mark its report INCOMPLETE" if Path(script).name == CLUSTER_CHECK_SCRIPT else
             "save a checkpoint and stop")
-    _say(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which {then}")
+    say(f"deepy.py: {reason}; SIGTERM sent to the {len(ranks)} ranks here, which {then}")
 
 
 def _why_killed(first_to_end: FirstRankToEnd, kills_before: dict[str, int]) -> str | None:
@@ -116,27 +127,41 @@ def _why_killed(first_to_end: FirstRankToEnd, kills_before: dict[str, int]) -> s
     return out_of_memory_kills(kills_before, oom_kill_counts())
 
 
-def _failure_line(script: str, code: int, first_to_end: FirstRankToEnd, kills_before: dict[str, int]) -> str:
-    """deepy.py's last line for a job that failed with exit status `code`."""
+def _first_to_end(first_to_end: FirstRankToEnd, kills_before: dict[str, int]) -> str | None:
+    """'local rank 1 was the first to end: killed by SIGKILL', where the launcher's output tells."""
+    if first_to_end.code is None:
+        return None
+    return describe_end(first_to_end.local_rank, first_to_end.code, first_to_end.host,
+                        _why_killed(first_to_end, kills_before))
+
+
+def _ended_badly(first_to_end: FirstRankToEnd, first: str | None) -> str | None:
+    """Which rank ended first and how, or under srun, which names no first, the tasks it reports ended badly."""
+    if first or not first_to_end.srun_task_ends:
+        return first
+    return f"srun reported {'; '.join(first_to_end.srun_task_ends)}"
+
+
+def _failure_line(script: str, code: int, first_to_end: FirstRankToEnd, first: str | None) -> str:
+    """deepy.py's last line for a job that failed with exit status `code`, whose first rank to end `first` names."""
     if first_to_end.code == CLUSTER_CHECK_FAILED and Path(script).name == CLUSTER_CHECK_SCRIPT:
         return f"deepy.py: {script} found failures (exit status {code}): the summary above names them"
-    cause = "the first error printed above is the cause"
-    if first_to_end.code is not None:
-        first = describe_end(first_to_end.local_rank, first_to_end.code, first_to_end.host,
-                             _why_killed(first_to_end, kills_before))
-        cause = f"{first}; the errors of the other ranks follow from it"
+    cause = f"{first}; the errors of the other ranks follow from it" if first else \
+        "the first error printed above is the cause"
     return f"deepy.py: {script} failed (the launcher exited {code}); {cause}"
 
 
-def run_launcher(command: list[str], script: str) -> int:
-    """Run the launcher `command` of `script`'s ranks to its end; the exit code: the launcher's (128+N for a
-    signal N), that of the ranks a killed launcher left, or 128+N for a stop N that ended ranks still starting.
+def run_launcher(command: list[str], script: str, requested: list[int] | None = None) -> LaunchEnd:
+    """Run the launcher `command` of `script`'s ranks to its end; its LaunchEnd, whose code is the launcher's (128+N
+    for a signal N), that of the ranks a killed launcher left, or 128+N for a stop N that ended ranks still starting.
 
     The stop signals are this function's for the rest of the process, so that none ends deepy.py: one during the
-    launcher's start is passed on once it has started, one after the ranks ended has nothing left to stop."""
+    launcher's start is passed on once it has started, one after the ranks ended has nothing left to stop. Every
+    stop is appended to `requested`, which a caller that launches again passes to each launch: a stop after one
+    launch ended keeps the next from starting (launch/restarts.py)."""
     _become_subreaper()
     this_process = psutil.Process()
-    requested: list[int] = []
+    requested = [] if requested is None else requested
     launcher: subprocess.Popen | None = None
     ended = False  # the ranks and what they started
 
@@ -148,10 +173,10 @@ def run_launcher(command: list[str], script: str) -> int:
             launcher.send_signal(signal.SIGTERM)
 
     def stop(number: int, frame: object) -> None:
-        if ended:
-            _say(f"deepy.py: {signal.Signals(number).name} received after the ranks ended; nothing left to stop")
-            return
         requested.append(number)
+        if ended:
+            say(f"deepy.py: {signal.Signals(number).name} received after the ranks ended; nothing left to stop")
+            return
         if launcher is not None:
             pass_on(number)
 
@@ -176,21 +201,24 @@ def run_launcher(command: list[str], script: str) -> int:
     psutil.wait_procs(_local_ranks(this_process, script), timeout=60)
     psutil.wait_procs(this_process.children(), timeout=RUNNERS_GRACE_SECONDS)
     _end_leftovers(this_process)
+    stopped = list(requested)  # before the ranks ended: a stop after that stopped none of them
     ended = True
     if code < 0:
         code = 128 - code
     first_to_end.wait()
-    if code and requested and Path(script).name == CLUSTER_CHECK_SCRIPT:
-        name = signal.Signals(requested[0]).name
-        _say(f"deepy.py: {script} stopped at your request ({name}); a report it began (cluster_check.md in "
+    if code and stopped and Path(script).name == CLUSTER_CHECK_SCRIPT:
+        name = signal.Signals(stopped[0]).name
+        say(f"deepy.py: {script} stopped at your request ({name}); a report it began (cluster_check.md in "
              "log_dir) is marked INCOMPLETE")
-        return 128 + requested[0]
-    if code and requested and first_to_end.code in (None, -signal.SIGTERM):
+        return LaunchEnd(128 + stopped[0])
+    if code and stopped and first_to_end.code in (None, -signal.SIGTERM):
         # The stop reached ranks still starting (importing, compiling), before they could catch it and save.
-        name = signal.Signals(requested[0]).name
-        _say(f"deepy.py: {script} stopped at your request ({name}) while its ranks were starting, before they "
+        name = signal.Signals(stopped[0]).name
+        say(f"deepy.py: {script} stopped at your request ({name}) while its ranks were starting, before they "
              "could save a checkpoint")
-        return 128 + requested[0]
-    if code:
-        _say(_failure_line(script, code, first_to_end, kills_before))
-    return code
+        return LaunchEnd(128 + stopped[0])
+    if not code:
+        return LaunchEnd(0)
+    first = _first_to_end(first_to_end, kills_before)
+    say(_failure_line(script, code, first_to_end, first))
+    return LaunchEnd(code, _ended_badly(first_to_end, first))

@@ -6,8 +6,10 @@ and `lm_loss`, so runs can be compared with a few lines of Python (or drawn with
 tools/plot_metrics.py). A resumed training run's file reads as one run: before appending, the run drops the
 records an earlier attempt logged after the checkpoint it resumes (it logs those iterations again) and any
 record cut short by a kill, rewriting the file atomically. An eval_only run may share the log_dir of a live
-run, whose file it does not own: it only appends whole lines. TensorBoard gets a folder per run under
-tensorboard_dir.
+run, whose file it does not own: it only appends whole lines. deepy.py appends a "restart" record (no lm_loss)
+for each restart (launch/restarts.py, host/metrics_file.py), at the iteration the restart resumes from, which the
+resumed run keeps.
+TensorBoard gets a folder per run under tensorboard_dir.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.checkpoint.manifest import write_durably
+from megatron.host.metrics_file import FILE_NAME, ends_a_line
 
 
 def _record(line: bytes) -> dict | None:
@@ -64,15 +67,6 @@ def _settle(path: Path, resumed_at: int | None) -> None:
         print(f"{path}: {'; '.join(notes)}", flush=True)
 
 
-def _ends_a_line(path: Path) -> bool:
-    """Whether what is appended to `path` starts a line of its own (a new or empty file, or a last newline)."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return True
-    with open(path, "rb") as stream:
-        stream.seek(-1, os.SEEK_END)
-        return stream.read(1) == b"\n"
-
-
 class MetricsWriter:
     def __init__(self, cfg, rank: int, resumed_at: int | None = None):
         """`resumed_at`: the iteration a training run starts from (its checkpoint's, or 0); None keeps every record."""
@@ -84,10 +78,10 @@ class MetricsWriter:
             return
         if cfg.log_dir:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-            self.path = Path(cfg.log_dir) / "metrics.jsonl"
+            self.path = Path(cfg.log_dir) / FILE_NAME
             if not cfg.eval_only:
                 _settle(self.path, resumed_at)
-            starts_a_line = _ends_a_line(self.path)
+            starts_a_line = ends_a_line(self.path)
             self._jsonl = open(self.path, "a", encoding="utf-8")
             if not starts_a_line:  # eval_only after a cut-short record: its own records stay whole
                 self._jsonl.write("\n")
