@@ -170,17 +170,23 @@ def test_a_process_without_rank_variables_is_told_how_to_launch(clean_rank_envir
         export_rank_environment(config())
 
 
-@pytest.mark.parametrize(("environment", "expected"), [
-    ({"LOCAL_SIZE": "2"}, "share"),
-    ({"LOCAL_WORLD_SIZE": "64"}, 1),
-    ({"LOCAL_SIZE": "2", "OMP_NUM_THREADS": "1"}, 1),
+@pytest.mark.parametrize(("environment", "local"), [
+    ({"LOCAL_SIZE": "2"}, 2),
+    ({"LOCAL_WORLD_SIZE": "64"}, 64),
+    ({"LOCAL_SIZE": "2", "OMP_NUM_THREADS": "1"}, None),
+    ({"SLURM_STEP_TASKS_PER_NODE": "64(x2),2", "SLURM_NODEID": "2"}, 2),  # srun sets no LOCAL_SIZE
+    ({"SLURM_STEP_TASKS_PER_NODE": "2,64", "SLURM_NODEID": "1"}, 64),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2),
+    ({"MPI_LOCALNRANKS": "64"}, 64),
 ])
-def test_each_rank_takes_its_share_of_the_cores(environment, expected):
+def test_each_rank_takes_its_share_of_the_cores(environment, local):
+    """`local` ranks on this node, from whichever launcher's variable; None: OMP_NUM_THREADS decides."""
     import subprocess
 
     cores = len(os.sched_getaffinity(0))
-    expected = max(1, cores // 2) if expected == "share" else expected
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOCAL_SIZE", "LOCAL_WORLD_SIZE")}
+    expected = 1 if local is None else max(1, cores // local)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "LOCAL_SIZE", "LOCAL_WORLD_SIZE") and not k.startswith(("SLURM_", "OMPI_"))}
     code = ("from megatron.runtime.entry import share_cores; import torch; share_cores(); "
             "print(torch.get_num_threads())")
     result = subprocess.run([sys.executable, "-c", code], env=env | environment | {"RANK": "0"},
@@ -188,10 +194,9 @@ def test_each_rank_takes_its_share_of_the_cores(environment, expected):
     *output, threads = result.stdout.splitlines()
     said = [line for line in output if line.startswith("threads:")]
     assert int(threads) == expected
-    if "OMP_NUM_THREADS" in environment:
+    if local is None:
         assert said == []
     else:
-        local = environment.get("LOCAL_SIZE") or environment["LOCAL_WORLD_SIZE"]
         assert said == [f"threads: {expected} per process ({cores} cores, {local} processes per node); "
                         "set OMP_NUM_THREADS to choose"]
 

@@ -25,6 +25,7 @@ from megatron.host.extension_cache import use_environment_cache
 from megatron.host.orphan_watch import watch_launcher
 from megatron.runtime.agreed_error import AgreedError
 from megatron.runtime.collectives import is_output_rank
+from megatron.runtime.environment import local_process_count
 from megatron.runtime.process_group import leave_process_group
 from megatron.runtime.settings import RuntimeSettings
 
@@ -35,7 +36,7 @@ def share_cores() -> int:
     thread count; rank 0 says it once."""
     if os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()
-    local_ranks = int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    local_ranks = local_process_count()
     cores = len(os.sched_getaffinity(0))
     threads = max(1, cores // local_ranks)
     torch.set_num_threads(threads)

@@ -62,6 +62,35 @@ def _from_mpi(cfg: Config, port: int) -> dict[str, str]:
     return values
 
 
+def _slurm_tasks_on_this_node() -> int | None:
+    """This node's task count from srun's SLURM_STEP_TASKS_PER_NODE ('2(x3),1': two tasks on each of three
+    nodes, then one) at SLURM_NODEID, or None outside an srun step."""
+    listed, node = os.environ.get("SLURM_STEP_TASKS_PER_NODE"), os.environ.get("SLURM_NODEID")
+    if not listed or node is None:
+        return None
+    counts: list[int] = []
+    for entry in listed.split(","):
+        tasks, _, repeat = entry.partition("(x")
+        counts += [int(tasks)] * int(repeat.rstrip(")") or 1)
+    return counts[min(int(node), len(counts) - 1)]
+
+
+def local_process_count() -> int:
+    """How many ranks share this node: DeepSpeed's launcher and deepy.py's set LOCAL_SIZE, torchrun
+    LOCAL_WORLD_SIZE, srun SLURM_STEP_TASKS_PER_NODE, Open MPI OMPI_COMM_WORLD_LOCAL_SIZE and MPICH
+    MPI_LOCALNRANKS; 1 when none is set."""
+    for name in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    slurm = _slurm_tasks_on_this_node()
+    if slurm:
+        return slurm
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 1
+
+
 def export_rank_environment(cfg: Config) -> None:
     """Set the env:// variables for this rank, or raise ConfigError saying how to launch it. master_port is
     GPT-NeoX's where nothing chose one (a config not resolved by deepy.py)."""

@@ -11,11 +11,10 @@ leaves out (fragmentation, workspaces, communication buckets, backward's transie
 
 from __future__ import annotations
 
-import os
-
 from megatron.model.args import TokenFormerArgs
 from megatron.model.memory import GIB
 from megatron.model.rank_memory import RunShape, training_bytes_per_rank
+from megatron.runtime.environment import local_process_count
 
 RESERVE = 0.10
 
@@ -47,9 +46,8 @@ def resolve_pattention_impl(cfg, args: TokenFormerArgs, accelerator) -> tuple[st
 
 def device_bytes_per_rank(accelerator) -> int:
     """Memory one rank may use: its device's on an accelerator; on a CPU, the machine's shared by the ranks on
-    it (DeepSpeed's launcher sets LOCAL_SIZE, torchrun LOCAL_WORLD_SIZE)."""
+    it (runtime/environment.py local_process_count)."""
     total = int(accelerator.total_memory())
     if accelerator.device_name() != "cpu":
         return total
-    local_ranks = int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 1)
-    return total // local_ranks
+    return total // local_process_count()
