@@ -27,6 +27,7 @@ from tests.conftest import REPO
 from tests.test_progressive_scaling import (
     DRIVER,
     GROWN,
+    ONE_PROCESS,
     TINY,
     TOLERANCE,
     run_driver,
@@ -45,14 +46,14 @@ def driver(plan: Path, *options: str) -> subprocess.CompletedProcess:
 def finished(demo_data, tmp_path_factory) -> Path:
     """A two-stage plan run to its end (s1: 4 iterations, s2 grown from it: 6); its work_dir."""
     directory = tmp_path_factory.mktemp("pinned")
-    run_driver(write_plan(directory, demo_data, two_stages()))
+    run_driver(write_plan(directory, demo_data, two_stages(), **ONE_PROCESS))
     return directory / "work"
 
 
 def copy_of(finished: Path, directory: Path, demo_data: Path, stages: list[dict], **shared: object) -> Path:
-    """A plan over a copy of the finished work_dir, with `stages` and the shared keys `shared`."""
+    """A plan over a copy of the finished work_dir, with `stages` and the shared keys `shared` (its own kept)."""
     shutil.copytree(finished, directory / "work", symlinks=True)
-    return write_plan(directory, demo_data, stages, **shared)
+    return write_plan(directory, demo_data, stages, **{**ONE_PROCESS, **shared})
 
 
 def lineage(work: Path, stage: str) -> dict:

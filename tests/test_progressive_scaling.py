@@ -43,6 +43,11 @@ def shared_config(directory: Path, demo_data: Path, **extra: object) -> Path:
     return path
 
 
+# tiny.yml's global batch of 16 on one process: the driver's local runs test the plan, not data parallelism (the
+# SLURM chain keeps two tasks), and take half the CPU.
+ONE_PROCESS = {"num_gpus": 1, "gradient_accumulation_steps": 4}
+
+
 def write_plan(directory: Path, demo_data: Path, stages: list[dict], **shared: object) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "plan.yml"
@@ -256,7 +261,7 @@ def saved_config(checkpoints: Path) -> Config:
 @pytest.fixture(scope="module")
 def uninterrupted(demo_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     directory = tmp_path_factory.mktemp("uninterrupted")
-    plan = write_plan(directory, demo_data, two_stages(second_iters=30), checkpoint_factor=5)
+    plan = write_plan(directory, demo_data, two_stages(second_iters=30), checkpoint_factor=5, **ONE_PROCESS)
     return plan, run_driver(plan)
 
 
