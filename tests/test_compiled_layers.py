@@ -1,7 +1,9 @@
 """The `compile` section (megatron/model/compile.py) on this CPU with inductor: each TokenFormer layer compiled,
 training tests/tiny.yml (fused Pattentions) at TP = 2 (the lean step) and at PP = 2 (DeepSpeed's pipeline engine)
 within fp32 tolerance of the eager run over 10 steps; a compiled run resumed from its checkpoint bitwise equal to
-itself uninterrupted; a compiled layer grown to more parameter tokens recompiled to the grown layer's outputs."""
+itself uninterrupted; a compiled layer grown to more parameter tokens recompiled to the grown layer's outputs (with
+aot_eager: the guards that force the recompile are dynamo's, whichever backend compiles; inductor's C++ took 26 s of
+CPU here)."""
 
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ def test_a_layer_grown_to_more_parameter_tokens_recompiles_to_its_own_outputs():
         args = dataclasses.replace(base, ffn_slot_num=tokens)
         compiled, eager = TokenFormerLayer(args), TokenFormerLayer(args)
         eager.load_state_dict(compiled.state_dict())
-        assert compile_layers(compiled, "inductor") == 1
+        assert compile_layers(compiled, "aot_eager") == 1
         x = torch.randn(2, 16, args.hidden_size)
         torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-6)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
