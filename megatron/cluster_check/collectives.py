@@ -8,7 +8,9 @@ tensor, the all-gather's output, the reduce-scatter's input) taking t seconds on
 
 which is the bandwidth each rank's link sustains, comparable across n and with the hardware's figure. The time
 of a size is the slowest rank's mean over the timed iterations. Sizes run from 1 MiB to 1 GiB on accelerators;
-CPU processes (gloo) stop at 16 MiB. Stragglers: every rank times the same matrix multiply alone on its device
+CPU processes (gloo) stop at 16 MiB. The values are checked on a small buffer first, and again after each size's
+timed runs (NCCL picks its protocol and algorithm by size). A group's members are in its rank order, which
+new_group sorts. Stragglers: every rank times the same matrix multiply alone on its device
 (on a CPU one rank after another, as the ranks share the host's cores); a rank above STRAGGLER x the median is
 named. `cluster_check_busbw_floor` (GB/s) fails any measured group whose bus bandwidth at the largest size is
 below it. A world of one rank has no link: its collectives are checked for their values only.
@@ -61,13 +63,15 @@ def _operation(op: str, elements: int, n: int, device: torch.device, rank_value:
     return lambda: dist.reduce_scatter_tensor(part, whole, group=group), lambda: part
 
 
-def _expected(op: str, members: list[int], elements: int, device: torch.device) -> torch.Tensor:
-    """What `op` must give when rank r contributes r + 1 everywhere."""
+def _holds_expected(op: str, members: list[int], output: torch.Tensor) -> bool:
+    """Whether `op`'s output is what it must be when rank r contributes r + 1 everywhere: the sum over the
+    members, or (all-gather) each member's value in its block, in the group's rank order. Compared in place (no
+    copy of a 1 GiB buffer); exact, as sums of small integers are in fp32."""
     if op == "all-gather":
-        n = len(members)
-        return torch.tensor([r + 1.0 for r in members], device=device).repeat_interleave(elements // n)
-    total = float(sum(r + 1 for r in members))
-    return torch.full((elements if op == "all-reduce" else elements // len(members),), total, device=device)
+        values = torch.tensor([r + 1.0 for r in members], device=output.device)
+        return bool(torch.equal(output.view(len(members), -1), values[:, None].expand(len(members),
+                                                                                        output.numel() // len(members))))
+    return bool((output == float(sum(r + 1 for r in members))).all())
 
 
 class Groups:
@@ -76,6 +80,8 @@ class Groups:
     local index."""
 
     def __init__(self, context: CheckContext):
+        """Each group's members in its own rank order, which new_group sorts: across nodes, a placement such as
+        ranks 0 and 3 on one node and 1 and 2 on the other gives the group of local index 1 as [2, 3]."""
         ranks, rank = context.ranks, dist.get_rank()
         hosts = ranks.hosts()
         self.kinds: dict[str, tuple[object, list[int]]] = {"world": (None, list(range(ranks.world_size)))}
@@ -89,21 +95,26 @@ class Groups:
                 if rank in ranks.on_host(host):
                     self.kinds["within a node"] = (group, ranks.on_host(host))
         for local in range(local_ranks):
-            members = [ranks.on_host(h)[local] for h in hosts]
+            members = sorted(ranks.on_host(h)[local] for h in hosts)
             group = dist.new_group(members)
             if rank in members:
                 self.kinds["across nodes"] = (group, members)
 
 
 def _correct(result: SectionResult, context: CheckContext, groups: Groups) -> bool:
+    """The values of every collective of every group on a small buffer, before any is timed."""
     rank, problems = dist.get_rank(), []
     for kind, (group, members) in groups.kinds.items():
         for op in OPS:
-            elements = 1024 * len(members)
-            run, output = _operation(op, elements, len(members), context.device, rank + 1.0, group)
+            run, output = _operation(op, 1024 * len(members), len(members), context.device, rank + 1.0, group)
             run()
-            if not torch.equal(output(), _expected(op, members, elements, context.device)):
+            if not _holds_expected(op, members, output()):
                 problems.append(f"{op} {kind}")
+    return _judge(result, context, problems)
+
+
+def _judge(result: SectionResult, context: CheckContext, problems: list[str]) -> bool:
+    """Collective: every rank's wrong collectives gathered; each rank that saw any is a finding."""
     wrong = gather(problems)
     for other, found in enumerate(wrong):
         if found:
@@ -128,24 +139,29 @@ def _seconds_per_run(run: Callable[[], None], warmup: int, iterations: int) -> f
     return (time.perf_counter() - start) / iterations
 
 
-def _bandwidths(context: CheckContext, groups: Groups) -> dict[str, dict[str, dict[int, list[float]]]]:
-    """kind -> op -> size -> the bus bandwidth (GB/s) each rank's group reached, in rank order (all ranks of a
-    group share its figure: the slowest member's time)."""
+def _bandwidths(context: CheckContext, groups: Groups) -> tuple[dict[str, dict[str, dict[int, list[float]]]],
+                                                                 list[str]]:
+    """(kind -> op -> size -> the bus bandwidth (GB/s) each rank's group reached, in rank order (all ranks of a
+    group share its figure: the slowest member's time); the collectives whose values were wrong on this rank after
+    the timed runs, with their size: NCCL changes protocol and algorithm with the size, so each is checked)."""
     sizes = CPU_SIZES if context.on_cpu else DEVICE_SIZES
     figures: dict[str, dict[str, dict[int, list[float]]]] = {}
+    wrong: list[str] = []
     for kind, (group, members) in groups.kinds.items():
         n = len(members)
         for op in OPS:
             for size in sizes:
                 elements = size // 4 // n * n
-                run, _ = _operation(op, elements, n, context.device, 1.0, group)
+                run, output = _operation(op, elements, n, context.device, dist.get_rank() + 1.0, group)
                 iterations = 3 if context.on_cpu else (10 if size <= 64 * MIB else 4)
                 seconds = _seconds_per_run(run, 1 if context.on_cpu else 2, iterations)
+                if not _holds_expected(op, members, output()):
+                    wrong.append(f"{op} {kind} at {size // MIB} MiB")
                 slowest = torch.tensor([seconds], device=context.device)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
                 busbw = elements * 4 / slowest.item() * bus_factor(op, n) / 1e9
                 figures.setdefault(kind, {}).setdefault(op, {})[size] = gather(busbw)
-    return figures
+    return figures, wrong
 
 
 def _latency_us(context: CheckContext) -> float:
@@ -229,7 +245,11 @@ def run(context: CheckContext) -> SectionResult:
                           + ("; cluster_check_busbw_floor is not applied." if context.cfg.cluster_check_busbw_floor
                              is not None else ".")]
         return result
-    figures = _bandwidths(context, groups)
+    figures, wrong = _bandwidths(context, groups)
+    if not _judge(result, context, wrong):
+        result.facts["correct"] = False
+        result.summary = "wrong values at a bandwidth size: bandwidth not reported"
+        return result
     latency = _latency_us(context)
     gemm = _gemm_seconds(context)
     get_accelerator().empty_cache()  # the GiB buffers: the sections that train measure their own peak
