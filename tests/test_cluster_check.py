@@ -497,3 +497,31 @@ def test_a_section_is_skipped_when_an_earlier_one_found_its_premise_false():
     assert premise_failed("golden", wrong) is None
     slow = {"collectives": SectionResult("collectives", FAIL, facts={"correct": True})}  # below a floor: still correct
     assert all(premise_failed(name, slow) is None for name in CLUSTER_CHECK_SECTIONS)
+
+
+@pytest.mark.parametrize(("device", "mfu", "floor", "failed", "line"), [
+    ("cuda", 0.05, 0, False, "no MFU floor (cluster_check_mfu_floor: 0)"),
+    ("cuda", 0.30, 0, False, "no MFU floor (cluster_check_mfu_floor: 0)"),
+    ("cuda", 0.30, 0.1, False, "MFU floor 10%"),
+    ("cuda", 0.05, 0.1, True, "MFU floor 10%"),
+    ("cuda", None, 0.1, False, "MFU floor 10% not applied: no peak FLOP/s for this device (set peak_tflops)"),
+    ("cpu", 0.001, 0.1, False, "MFU floor 10% not applied: CPU processes are a report only"),
+])
+def test_throughput_below_the_mfu_floor_fails_naming_the_slowest_rank(device, mfu, floor, failed, line):
+    """The throughput section's judgement of its figures (a GPU's are not measured on this machine); the default
+    floor applies when the key is left out."""
+    from megatron.cluster_check import throughput
+    from megatron.cluster_check.context import CheckContext
+
+    overrides = ["data_path=d"] + ([] if floor == 0.1 else [f"cluster_check_mfu_floor={floor}"])
+    cfg = load_config([TINY], overrides)
+    result = SectionResult("throughput")
+    said = throughput._mfu_floor(result, CheckContext(cfg, Ranks(("a", "a", "b", "b")), torch.device(device), "t"),
+                                 {"mfu": mfu}, 5000.0, 2)
+    assert said == line and (result.status == FAIL) == failed
+    if failed:
+        [finding] = result.findings
+        assert finding.where == "rank 2 on b"
+        assert finding.what.startswith("MFU 5.0%, below the floor cluster_check_mfu_floor = 10%: 5,000 tokens/s where "
+                                       "the FLOP model gives 10,000 at the floor")
+

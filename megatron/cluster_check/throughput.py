@@ -7,7 +7,8 @@ faster per token); `pattention_impl: auto` takes fused if a micro-batch fits wit
 else flash. Accumulation is 1 without a pipeline and 2 x the stages with one (the config's
 global batch would make 20 steps take hours). Reported: tokens/s and MFU (megatron/training/utilization.py),
 each rank's median step time, and the peak memory against the memory model's prediction; a peak above the
-prediction plus the reserve fails (the micro-batch the memory model gives would not be safe here).
+prediction plus the reserve fails (the micro-batch the memory model gives would not be safe here), and so does
+an MFU below `cluster_check_mfu_floor` (the slowest rank named) on a device with a known peak.
 
 CPU processes run the config's architecture at the numerics section's small size (variants.small_model) for
 CPU_STEPS steps with the micro-batch capped at CPU_MICRO_BATCH: the figures are that model's, and the report
@@ -95,6 +96,28 @@ def _plan(context: CheckContext) -> dict:
     return plan
 
 
+def _mfu_floor(result: SectionResult, context: CheckContext, record: dict, tokens_per_sec: float,
+               slowest: int) -> str:
+    """Fail an MFU below cluster_check_mfu_floor, naming the slowest rank (the step waits for it); the line the
+    figures give about the floor."""
+    floor = context.cfg.cluster_check_mfu_floor
+    if not floor:
+        return "no MFU floor (cluster_check_mfu_floor: 0)"
+    if context.on_cpu:
+        return f"MFU floor {floor:.0%} not applied: CPU processes are a report only"
+    if record["mfu"] is None:
+        return f"MFU floor {floor:.0%} not applied: no peak FLOP/s for this device (set peak_tflops)"
+    if record["mfu"] < floor:
+        expected = tokens_per_sec * floor / record["mfu"]
+        result.fail(context.ranks.who(slowest), f"MFU {record['mfu']:.1%}, below the floor cluster_check_mfu_floor "
+                    f"= {floor:.0%}: {tokens_per_sec:,.0f} tokens/s where the FLOP model gives {expected:,.0f} at the "
+                    "floor (the slowest rank sets the step)",
+                    "a throttled or faulty device or link, or other work on the node (nvidia-smi -q -d "
+                    "PERFORMANCE,TEMPERATURE; the collectives section's stragglers); peak_tflops if the device's "
+                    "peak is set wrong")
+    return f"MFU floor {floor:.0%}"
+
+
 def run(context: CheckContext) -> SectionResult:
     cfg, result = context.cfg, SectionResult(NAME)
     plan = _plan(context)
@@ -134,6 +157,8 @@ def run(context: CheckContext) -> SectionResult:
         result.fail(context.ranks.name(list(range(cfg.world_size))), f"non-finite losses {losses}",
                     "the config's model does not train stably in this precision: check the numerics section and "
                     "the learning rate")
+    slowest = max(range(len(step_times)), key=step_times.__getitem__)
+    floor_line = _mfu_floor(result, context, record, tokens_per_sec, slowest)
     predicted, reserve = plan["predicted"], RESERVE * plan["device_bytes"]
     memory = "peak resident memory (CPU processes: not compared with the memory model)"
     if predicted is not None and not context.on_cpu:
@@ -151,12 +176,11 @@ def run(context: CheckContext) -> SectionResult:
             f"{run_cfg.seq_length}), {steps} steps")
     mfu = "n/a (no peak FLOP/s for this device: set peak_tflops)" if record["mfu"] is None else f"{record['mfu']:.1%}"
     median = statistics.median(step_times)
-    slowest = max(range(len(step_times)), key=step_times.__getitem__)
     result.figures = [
         f"Run: {size}; pattention_impl {plan['impl']}; micro-batch {plan['micro']} ({plan['why']}); "
         f"accumulation {plan['accumulation']}; {run_cfg.train_batch_size} sequences per step; {run_cfg.precision}.",
         "", f"- tokens/s: {tokens_per_sec:,.0f} (median step {step * 1e3:.1f} ms after {warmup} warm-up steps)",
-        f"- per device: {record['tflops_per_device'] * 1e3:.3g} GFLOP/s, MFU {mfu}",
+        f"- per device: {record['tflops_per_device'] * 1e3:.3g} GFLOP/s, MFU {mfu}; {floor_line}",
         f"- memory: {memory}; largest {max(peaks) / GIB:.2f} GiB ({context.ranks.who(peaks.index(max(peaks)))})",
         f"- step time per rank: median {median * 1e3:.1f} ms, slowest {context.ranks.who(slowest)} "
         f"{step_times[slowest] * 1e3:.1f} ms"]

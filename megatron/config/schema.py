@@ -462,6 +462,12 @@ _CLUSTER_CHECK = (
     Key("cluster_check_busbw_floor", float, None, "cluster check",
         "Least bus bandwidth (GB/s, nccl-tests' busbw) cluster_check.py accepts for every collective and group it "
         "measures, at its largest message size; unset: no floor.", valid_range=POSITIVE),
+    Key("cluster_check_mfu_floor", float, 0.1, "cluster check",
+        "Least model FLOP utilization (MFU) the throughput section accepts: its tokens/s against what the FLOP model "
+        "gives at the device's peak (peak_tflops, or the table's figure for known GPUs). The default is a quarter or "
+        "less of what GPU reports of this framework measured at the 1-5B width (26-40.5 % on an H200), so a device "
+        "below it is throttled, faulty or misconfigured rather than held back by the model's shape; 0: no "
+        "floor. CPU processes, and devices without a known peak, are reported only.", valid_range=FRACTION),
 )
 
 SCHEMA: dict[str, Key] = {
