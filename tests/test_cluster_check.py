@@ -36,7 +36,7 @@ from megatron.cluster_check.report import console_summary, markdown
 from megatron.cluster_check.throughput import largest_micro_batch
 from megatron.cluster_check.variants import batch_split, small_model, variant
 from megatron.config import ConfigError, load_config
-from megatron.config.golden_curve import REPOSITORY_CURVE, CurveError
+from megatron.config.golden_curve import REPOSITORY_CURVE, CurveError, tolerance_for
 from megatron.config.argument import encode_config
 from megatron.config.run_inputs import CLUSTER_CHECK_FAILED
 from megatron.config.schema import CLUSTER_CHECK_SECTIONS
@@ -237,7 +237,7 @@ def test_the_repositorys_golden_curve_is_reproduced_on_this_cpu():
         losses = curve_losses(curve, torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
-    assert losses == pytest.approx(curve["losses"], rel=curve["relative_tolerance"] / 100)
+    assert losses == pytest.approx(curve["losses"], rel=tolerance_for(curve, "cpu") / 100)
     assert losses[-1] < losses[0] - 1.0  # it learns: a wrong gradient would show
 
 
@@ -255,6 +255,8 @@ def test_a_file_that_is_no_curve_is_named(tmp_path):
     ("losses", [5.0] * 19 + [math.inf], "losses at step 20 are not finite numbers above 0 (step 20: inf)"),
     ("relative_tolerance", math.nan, "relative_tolerance is nan, not a finite number above 0"),
     ("relative_tolerance", "0.001", "relative_tolerance is '0.001', not a finite number above 0"),
+    ("relative_tolerance", {"cpu": 0.001, "cuda": math.nan}, "relative_tolerance.cuda is nan, not a finite number"),
+    ("relative_tolerance", {}, "relative_tolerance is {}, not a finite number above 0 or a mapping"),
     ("steps", "20", "steps is '20', not a positive integer"),
     ("data", {"batch_size": "8", "seed": 1, "successors": 4, "vocab_size": 64}, "data.batch_size is '8'"),
     ("optimizer", {"lr": math.nan, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}, "optimizer.lr is nan"),
@@ -524,4 +526,30 @@ def test_throughput_below_the_mfu_floor_fails_naming_the_slowest_rank(device, mf
         assert finding.where == "rank 2 on b"
         assert finding.what.startswith("MFU 5.0%, below the floor cluster_check_mfu_floor = 10%: 5,000 tokens/s where "
                                        "the FLOP model gives 10,000 at the floor")
+
+
+def golden_on(device_type: str, tolerance: object, folder: str) -> SectionResult:
+    """Rank body: the golden section with the repository's curve under `tolerance`, on a device of `device_type`
+    (cpu; meta, a type the tolerances below do not list: the section ends before it computes)."""
+    from megatron.cluster_check import golden
+    from megatron.cluster_check.context import CheckContext
+
+    curve = read_curve_file(REPOSITORY_CURVE)
+    curve["relative_tolerance"] = tolerance
+    path = Path(folder) / "curve.json"
+    path.write_text(json.dumps(curve))
+    cfg = load_config([TINY], ["data_path=d", "num_gpus=1", f"cluster_check_golden={path}"], world_size=1)
+    return golden.run(CheckContext(cfg, Ranks.gather(), torch.device(device_type), "t"))
+
+
+def test_the_golden_tolerance_is_chosen_by_the_device_type(tmp_path):
+    from tests.distributed import run_on_ranks
+
+    [cpu] = run_on_ranks(1, golden_on, "cpu", {"cpu": 1e-3, "cuda": 1e-9}, str(tmp_path))
+    assert cpu.status == PASS and "tolerance 0.001 relative on cpu" in cpu.figures[0], cpu
+    [strict] = run_on_ranks(1, golden_on, "cpu", {"cpu": 1e-12, "cuda": 1.0}, str(tmp_path))
+    assert strict.status == FAIL and "> 1e-12" in strict.findings[0].what, strict
+    [unlisted] = run_on_ranks(1, golden_on, "meta", {"cpu": 1e-3, "cuda": 1e-3}, str(tmp_path))
+    assert unlisted.status == FAIL and unlisted.findings[0].what.endswith(
+        "holds no relative_tolerance for meta devices (it has cpu, cuda)"), unlisted
 

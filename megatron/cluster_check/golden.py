@@ -10,7 +10,8 @@ one made on a machine whose numbers are trusted:
     python -m megatron.cluster_check.golden --write my_curve.json [--from CURVE.json] [--device cuda]
 
 The tolerance covers what differs between devices in fp32: the order of sums inside a matrix product or a
-reduction kernel, and the Θ and GeLU kernels' approximations.
+reduction kernel, and the Θ and GeLU kernels' approximations. `relative_tolerance` is one number, or one per device
+type ({"cpu": 0.001, "cuda": 0.001}); a device whose type the file does not list fails the section, saying so.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from megatron.cluster_check.ranks import gather
 from megatron.cluster_check.report import SectionResult
 from megatron.cluster_check.synthetic import MarkovTokens
 from megatron.cluster_check.training_runs import exact_arithmetic
-from megatron.config.golden_curve import CURVE_KEYS, REPOSITORY_CURVE, CurveError, curve_problem, read_curve
+from megatron.config.golden_curve import (CURVE_KEYS, REPOSITORY_CURVE, CurveError, curve_problem, read_curve,
+                                          tolerance_for)
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.args import args_problem
 from megatron.training.optimizer import parameter_groups
@@ -79,8 +81,15 @@ def run(context: CheckContext) -> SectionResult:
         return result
     if mpu.model_parallel_is_initialized():
         mpu.destroy_model_parallel()  # each rank alone: one tensor rank
+    tolerance, expected = tolerance_for(curve, context.device.type), curve["losses"]
+    if tolerance is None:
+        result.fail("cluster_check_golden", f"{path} holds no relative_tolerance for {context.device.type} devices "
+                    f"(it has {', '.join(curve['relative_tolerance'])})", f"add relative_tolerance.{context.device.type} "
+                    "to the file, or make a curve on this kind of device (python -m megatron.cluster_check.golden "
+                    "--write FILE --device ...)")
+        result.summary = f"{path.name}: no tolerance for {context.device.type}"
+        return result
     losses = gather(curve_losses(curve, context.device))
-    tolerance, expected = curve["relative_tolerance"], curve["losses"]
     worst = []
     for rank, got in enumerate(losses):
         errors = [abs(g - e) / abs(e) if math.isfinite(g) else math.inf for g, e in zip(got, expected, strict=True)]
@@ -95,7 +104,7 @@ def run(context: CheckContext) -> SectionResult:
     steps = len(expected)
     show = sorted({0, 1, 4, 9, steps - 1} & set(range(steps)))
     result.figures = [f"Curve: {path} ({curve.get('made_with', {}).get('device', 'unknown device')}, "
-                      f"{steps} steps, tolerance {tolerance:g} relative).", "",
+                      f"{steps} steps, tolerance {tolerance:g} relative on {context.device.type}).", "",
                       "| step | " + " | ".join(str(s + 1) for s in show) + " |", "|---|" + "---|" * len(show),
                       "| curve | " + " | ".join(f"{expected[s]:.4f}" for s in show) + " |",
                       "| rank 0 | " + " | ".join(f"{losses[0][s]:.4f}" for s in show) + " |", "",

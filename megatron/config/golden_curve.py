@@ -71,7 +71,13 @@ def _numbers_problem(curve: dict) -> str | None:
     steps, tolerance, losses = curve["steps"], curve["relative_tolerance"], curve["losses"]
     if not (_is_integer(steps) and steps >= 1):
         return f"steps is {steps!r}, not a positive integer"
-    if not (_is_finite_number(tolerance) and tolerance > 0):
+    if isinstance(tolerance, dict):
+        if not tolerance:
+            return "relative_tolerance is {}, not a finite number above 0 or a mapping of device types to them"
+        for device_type, value in tolerance.items():
+            if not (_is_finite_number(value) and value > 0):
+                return f"relative_tolerance.{device_type} is {value!r}, not a finite number above 0"
+    elif not (_is_finite_number(tolerance) and tolerance > 0):
         return f"relative_tolerance is {tolerance!r}, not a finite number above 0"
     if not isinstance(losses, list) or len(losses) != steps:
         return f"losses holds {len(losses) if isinstance(losses, list) else repr(losses)} values for {steps} steps"
@@ -81,6 +87,14 @@ def _numbers_problem(curve: dict) -> str | None:
                 f"{' ...' if len(wrong) > 5 else ''} are not finite numbers above 0 (step {wrong[0]}: "
                 f"{losses[wrong[0] - 1]!r})")
     return None
+
+
+def tolerance_for(curve: dict, device_type: str) -> float | None:
+    """The curve's relative tolerance on a device of `device_type` ("cpu", "cuda", ...): its one number, or its
+    entry for that type (None: the file has none). Devices round differently (the order of a matrix product's
+    sums, the kernels' approximations), so one file can hold a tolerance for each."""
+    tolerance = curve["relative_tolerance"]
+    return tolerance.get(device_type) if isinstance(tolerance, dict) else tolerance
 
 
 def curve_problem(curve: Any, model_problem: Callable[[dict], str | None]) -> str | None:
