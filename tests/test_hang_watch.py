@@ -4,6 +4,7 @@ mid-run); the first step and paused work (evaluation, saves) do not trip the wat
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import time
@@ -35,15 +36,18 @@ def test_a_stopped_rank_ends_the_job_named_within_hang_timeout(demo_data, tmp_pa
     run = tmp_path / "run"
     launcher = start_training(demo_data, run, f"hang_timeout={HANG_TIMEOUT}", "save=null", "load=null")
     wait_for_iteration(launcher, run, 3)
+    descendants = psutil.Process(launcher.pid).children(recursive=True)
     stopped = _rank_process(launcher.pid, 1)
     try:
         stopped.send_signal(signal.SIGSTOP)
         start = time.monotonic()
         stdout, stderr = launcher.communicate(timeout=HANG_TIMEOUT + 60)
         seconds = time.monotonic() - start
-    finally:
-        if stopped.is_running():
-            stopped.kill()
+    finally:  # nothing is left when the watch works
+        for process in [stopped, *descendants]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        launcher.kill()
     assert launcher.returncode == HUNG, stdout + stderr
     assert seconds < HANG_TIMEOUT + 60
     line = next(line for line in stderr.splitlines() if line.startswith("hang: "))

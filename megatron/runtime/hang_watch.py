@@ -119,11 +119,15 @@ class HangWatch:
 
     def _watch(self) -> None:
         self._beat()  # at once: a rank stopped before its first beat still has a host to be named by
+        woke = time.monotonic()
         while not self._stopped.wait(self.beat_seconds):
+            slept, woke = time.monotonic() - woke, time.monotonic()
             self._beat()
-            stalled = self.armed and time.monotonic() - self.last_progress > self.timeout
+            stalled = self.armed and woke - self.last_progress > self.timeout
+            # A rank that was itself stopped (SIGSTOP, then the launcher's SIGCONT) is the hang, not its judge.
+            was_stopped = slept > 3 * self.beat_seconds + 1
             if stalled or self._told():
-                self._end(found_here=stalled)
+                self._end(found_here=stalled and not was_stopped)
 
     def _beats_now(self) -> dict[int, dict | None]:
         beats = {}
