@@ -83,9 +83,10 @@ class HangWatch:
         self.iteration, self.armed, self.last_progress = 0, False, time.monotonic()
         self._main = threading.main_thread().ident
         self._stopped = threading.Event()
-        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        self._store = dist.TCPStore(address, port, is_master=False, wait_for_workers=False,
-                                    timeout=timedelta(seconds=self.beat_seconds))
+        self._store = None  # a group started without env:// variables (a file:// store): no beats, no names
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                        wait_for_workers=False, timeout=timedelta(seconds=self.beat_seconds))
         self._beats = 0
         self._thread = threading.Thread(target=self._watch, name="hang_watch", daemon=True)
         self._thread.start()
