@@ -9,9 +9,11 @@ Everything is checked here, before any process starts: the config, the
 hostfile and include/exclude, the launcher's tools and ssh reachability, and
 the files the run reads (launch/preflight.py), and that this machine's memory holds its ranks and
 sample index (launch/node_resources.py); a run whose checkpoint already reached train_iters is not
-launched (it says so and exits 0). The config is printed once, with a warning per optimizer or data
-key changed from the checkpoint it resumes (formats/deepspeed/changed_settings.py), and
-passed to every rank. SIGTERM, Ctrl-C, SIGHUP, SIGUSR1 or SIGUSR2 reaches every rank, which saves and
+launched (it says so and exits 0). A checkpoint saved on another parallel layout is re-sharded into
+this one beside it, its global batch kept (growth/reshard_on_resume.py, launch/global_batch.py). The
+config is printed once, with a warning per optimizer or data key changed from the checkpoint it resumes
+(formats/deepspeed/changed_settings.py), and passed to every rank. SIGTERM, Ctrl-C, SIGHUP, SIGUSR1 or SIGUSR2
+reaches every rank, which saves and
 stops (launch/supervise.py). DeepSpeed's compiled ops are kept with this Python environment
 (host/extension_cache.py). `launcher` picks how ranks
 start (docs/cluster.md): pdsh, the default (`num_gpus` processes on this machine, started by
@@ -42,9 +44,10 @@ from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa:
 from megatron.growth.notes import launch_notes as growth_notes  # noqa: E402
 from megatron.host.extension_cache import use_environment_cache  # noqa: E402
 from megatron.launch import check_launcher, check_reachable, launch_command, launch_notes, world_size  # noqa: E402
+from megatron.launch.global_batch import kept_batch_note  # noqa: E402
 from megatron.launch.node_resources import node_core_notes, node_memory_problems  # noqa: E402
 from megatron.launch.preflight import (launches_here, nothing_left_to_train, preflight_notes,  # noqa: E402
-                                       preflight_problems)
+                                       preflight_problems, reshard_before_launch)
 from megatron.launch.resolve import resolve_run  # noqa: E402
 from megatron.launch.supervise import run_launcher  # noqa: E402
 
@@ -77,6 +80,7 @@ def main(argv: list[str]) -> int:
         raise_if_any(preflight_problems(cfg, slots))
         raise_if_any(node_memory_problems(cfg, slots, device))
         done = nothing_left_to_train(cfg)
+        resharded = None if done else reshard_before_launch(cfg, world_size(slots))
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
@@ -95,6 +99,8 @@ def main(argv: list[str]) -> int:
             print(f"note: {note}", flush=True)
         for warning in resume_warnings(cfg):
             print(f"warning: {warning}", flush=True)
+        for line in filter(None, [kept_batch_note(cfg), resharded]):
+            print(line, flush=True)
     command = launch_command(cfg, slots, script, ["--megatron_config", encode_config(cfg)])
     print(f"launching {world_size(slots)} processes: {shlex.join(command[:-1])} <config>", flush=True)
     here = launches_here(cfg, slots)

@@ -68,6 +68,29 @@ def size(directory: Path) -> int:
     return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
 
 
+def timed_between_copies(name: str, command: list[str], output: Path, copy_command: list[str],
+                         copy: Path) -> list[tuple]:
+    """`cp -r` of the source, `command` (writing `output`), `cp -r` again, each in a fresh process and its output
+    removed after: rows of (name, seconds, written GiB, peak RSS, peak anonymous)."""
+    rows = []
+    for label, argv, destination in (("cp -r", copy_command, copy), (name, command, output),
+                                     ("cp -r", copy_command, copy)):
+        seconds, peak, anonymous = measure(argv)
+        rows.append((label, seconds, size(destination) / GIB, peak, anonymous))
+        print(f"{label}: {seconds:.1f} s", flush=True)
+        shutil.rmtree(destination)
+    return rows
+
+
+def print_rows(rows: list[tuple]) -> float:
+    """timed_between_copies' rows as a table; returns the mean of the two copies' seconds."""
+    print("| operation | seconds | written (GiB) | peak RSS (GiB) | peak anonymous (GiB) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, seconds, written, peak, anonymous in rows:
+        print(f"| {name} | {seconds:.1f} | {written:.1f} | {peak:.2f} | {anonymous:.2f} |")
+    return (rows[0][1] + rows[2][1]) / 2
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, required=True, help="a new directory on the disk to measure")
@@ -105,23 +128,13 @@ def run(args: argparse.Namespace) -> None:
     copy_command = [shutil.which("cp"), "-r", str(source), str(copy)]
     grow_command = [python, str(REPO / "tools" / "grow_checkpoint.py"), "--load", str(source), "--save", str(grown),
                     "--config", str(args.config), str(work / "target.yml")]
-    rows = []
-    for name, command, destination in (("cp -r", copy_command, copy), ("grow", grow_command, grown),
-                                       ("cp -r", copy_command, copy)):
-        seconds, peak, anonymous = measure(command)
-        rows.append((name, seconds, size(destination) / GIB, peak, anonymous))
-        print(f"{name}: {seconds:.1f} s", flush=True)
-        shutil.rmtree(destination)
+    rows = timed_between_copies("grow", grow_command, grown, copy_command, copy)
 
     print(f"\nsource: {args.config.name}, {config.num_layers} layers, hidden {config.hidden_size}, slots "
           f"{'/'.join(str(getattr(config, key)) for key in slot_keys())}, bf16, ZeRO-1 over {args.data_parallel} "
           f"ranks, {size(source) / GIB:.1f} GiB; grown x{args.factor} (slots "
           f"{'/'.join(map(str, grown_slots.values()))}) in the same layout\n")
-    print("| operation | seconds | written (GiB) | peak RSS (GiB) | peak anonymous (GiB) |")
-    print("| --- | --- | --- | --- | --- |")
-    for name, seconds, written, peak, anonymous in rows:
-        print(f"| {name} | {seconds:.1f} | {written:.1f} | {peak:.2f} | {anonymous:.2f} |")
-    copy_seconds = (rows[0][1] + rows[2][1]) / 2
+    copy_seconds = print_rows(rows)
     print(f"\ngrow / cp -r = {rows[1][1]:.1f} s / {copy_seconds:.1f} s (mean of both copies) = "
           f"{rows[1][1] / copy_seconds:.2f} (target <= 3)")
 

@@ -18,6 +18,14 @@ if not torch.cuda.is_available():
     # (torch._dynamo does): see megatron/model/pattention/tiles_triton.py.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each pytest-xdist worker (make test runs two) takes its share of the cores, as deepy.py gives each rank its
+    # share, and so does whatever it starts: two workers of two OpenMP threads each on two cores would spin in each
+    # other's way. A test of the default thread count removes OMP_NUM_THREADS from its launch's environment.
+    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
+
 pytest_plugins = ["tests.inference_fixtures"]
 
 

@@ -69,11 +69,13 @@ def test_one_refused_at_resume_is_not_counted_either(tmp_path, capsys):
     assert "it failed verification when this run chose where to resume" in capsys.readouterr().err
 
 
-def test_intact_checkpoints_beyond_the_count_are_deleted_and_later_ones_left(tmp_path):
+def test_intact_checkpoints_beyond_the_count_are_deleted_with_their_re_sharded_copies_and_later_ones_left(tmp_path):
     for step in (10, 20, 30, 40):
         checkpoint(tmp_path, step)
+    shutil.copytree(tmp_path / "global_step10", tmp_path / "global_step10-tp1pp0dp1")  # re-sharded on resume
+    shutil.copytree(tmp_path / "global_step20", tmp_path / "global_step20-tp2pp1dp4")
     delete_old_checkpoints(tmp_path, keep=2, newest=30)
-    assert names(tmp_path) == ["global_step20", "global_step30", "global_step40"]
+    assert names(tmp_path) == ["global_step20", "global_step20-tp2pp1dp4", "global_step30", "global_step40"]
 
 
 def test_a_checkpoint_damaged_again_under_a_name_set_aside_before_gets_a_name_of_its_own(tmp_path, capsys):

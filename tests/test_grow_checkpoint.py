@@ -29,6 +29,7 @@ from megatron.checkpoint.engine_optimizer import base_optimizer
 from megatron.config import ConfigError, load_config
 from megatron.formats.deepspeed.files import write_checkpoint
 from megatron.formats.deepspeed.reader import CheckpointUnreadable, open_checkpoint
+from megatron.growth import grow_checkpoint as grow_writer
 from megatron.growth.plan import SOFTMAX_GROWTH
 from megatron.formats.registry import read_state
 from megatron.model import TokenFormerArgs, TokenFormerModel
@@ -278,7 +279,7 @@ def test_a_rerun_after_a_killed_or_interrupted_grow_writes_and_ctrl_c_is_one_lin
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["global_step3", "latest"]
 
     shutil.rmtree(tmp_path / "out")
-    monkeypatch.setattr(grow_tool, "grown_states", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(grow_writer, "grown_states", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(SystemExit) as stopped:
         grow_tool.main(argv)
     assert stopped.value.code == 130 and not (tmp_path / "out").exists()

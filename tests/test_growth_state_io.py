@@ -261,8 +261,10 @@ def test_missing_tags_and_damaged_files_are_named_errors(data_2_zero_1, tmp_path
 
 def write_until_half(source_dir: Path, save: Path, stop: str) -> None:
     """Copy `source_dir`'s checkpoint into `save` until half of it is written, then fail with `stop`: "raise"
-    (an error inside the writer's `with`) or "kill" (SIGKILL)."""
-    torch.set_num_threads(1)
+    (an error inside the writer's `with`) or "kill" (SIGKILL, in a forked process: one thread there, as OpenMP
+    must not be used across a fork)."""
+    if stop == "kill":
+        torch.set_num_threads(1)
     source = open_checkpoint(source_dir)
     with CheckpointWriter(save, "global_step3", source.config, iteration=3, consumed_train_samples=48,
                           optimizer_step=source.optimizer_step, growth_record=None) as writer:

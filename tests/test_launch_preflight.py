@@ -169,11 +169,13 @@ def test_a_stray_zero_shard_outside_the_manifest_does_not_count_as_a_data_parall
     shutil.copy(tag_dir / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
                 tag_dir / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt")
     assert preflight_problems(run_config(tmp_path, f"load={run}", "train_iters=6"), TWO_RANKS) == []
-    three = run_config(tmp_path, f"load={run}", "train_iters=6", "train_batch_size=null", world_size=3)
+    three = run_config(tmp_path, f"load={run}", "train_iters=6", "train_batch_size=null", "reshard_on_resume=false",
+                       world_size=3)
     assert preflight_problems(three, {"localhost": [0, 1, 2]}) == [
         f"load: {tag_dir} holds ZeRO optimizer state partitioned over 2 data-parallel ranks but this run has 3, and "
-        "DeepSpeed cannot re-partition it: resume on 2 data-parallel ranks, or re-shard it into this run's layout "
-        "with tools/grow_checkpoint.py (the slot counts unchanged), whose output any data-parallel size loads"]
+        "DeepSpeed cannot re-partition it: resume on 2 data-parallel ranks, or set reshard_on_resume: true (the "
+        "default), which re-shards it beside the original, or re-shard it into this run's layout with "
+        "tools/grow_checkpoint.py (the slot counts unchanged), whose output any data-parallel size loads"]
 
 
 def test_a_model_shard_in_the_legacy_format_is_refused_before_launch(run, tmp_path):

@@ -135,8 +135,11 @@ def test_config_argument_round_trips():
 
 @pytest.fixture
 def clean_rank_environment(monkeypatch):
+    """No rank variables, and those the test's code sets removed after it: monkeypatch restores only what it
+    recorded, and a delenv of a variable not set records nothing."""
     for name in [*TORCH_VARIABLES, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_NODELIST"]:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return monkeypatch
 
 

@@ -85,14 +85,15 @@ def test_a_save_directory_that_cannot_be_written_is_named(demo_data, tmp_path, r
 
 
 def test_another_tensor_parallel_size_is_refused_with_the_fix(demo_data, tensor_parallel_checkpoint):
-    message = refused(demo_data, f"load={tensor_parallel_checkpoint.save}", f"master_port={free_port()}")
+    message = refused(demo_data, f"load={tensor_parallel_checkpoint.save}", "reshard_on_resume=false",
+                      f"master_port={free_port()}")
     assert "was saved with model_parallel_size=2 but this run has model_parallel_size=1" in message
     assert "tools/grow_checkpoint.py" in message
 
 
 def test_zero_state_of_another_data_parallel_size_points_to_the_grow_tool(demo_data, zero_data_parallel_checkpoint):
     message = refused(demo_data, f"load={zero_data_parallel_checkpoint.save}", "num_gpus=1",
-                      f"master_port={free_port()}")
+                      "reshard_on_resume=false", f"master_port={free_port()}")
     assert ("holds ZeRO optimizer state partitioned over 2 data-parallel ranks but this run has 1, and DeepSpeed "
             "cannot re-partition it") in message and "tools/grow_checkpoint.py" in message
 

@@ -75,12 +75,12 @@ def sbatch(env: dict[str, str], options: list[str], script: str, *args: str) -> 
     raise AssertionError(f"job {job} did not finish within {JOB_TIMEOUT_SECONDS} s")
 
 
-def train_job(env: dict[str, str], run_dir: Path, demo_data: Path, name: str, *overrides: str) -> str:
-    """One tools/slurm/train.sbatch job with 2 tasks on the (GPU-less) node; returns its output."""
+def train_job(env: dict[str, str], run_dir: Path, demo_data: Path, name: str, *overrides: str, tasks: int = 2) -> str:
+    """One tools/slurm/train.sbatch job with `tasks` tasks on the (GPU-less) node; returns its output."""
     output = run_dir / f"{name}.out"
     result = sbatch(
         env,
-        ["--gpus-per-node=0", "--ntasks-per-node=2", f"--output={output}"],
+        ["--gpus-per-node=0", f"--ntasks-per-node={tasks}", f"--output={output}"],
         "tools/slurm/train.sbatch",
         TINY,
         *data_overrides(demo_data),
@@ -120,6 +120,21 @@ def test_second_job_resumes_from_the_first_jobs_checkpoint(first_job, submit_env
     assert f"resumed from {run_dir}/checkpoints at iteration 6" in output
     assert train_iterations(run_dir / "second_logs") == list(range(7, 11))
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step10"
+
+
+def test_the_same_job_on_a_smaller_allocation_resumes_the_checkpoint_re_sharded(first_job, submit_env, demo_data):
+    """The template resubmitted with one task instead of two (this cluster has one node, so half its tasks stand
+    for a lost node; num_gpus follows the tasks per node): deepy.py re-shards the 2-rank ZeRO checkpoint and keeps
+    its global batch, and training continues."""
+    run_dir, _ = first_job
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    iteration = int(latest.removeprefix("global_step"))
+    output = train_job(submit_env, run_dir, demo_data, "smaller", f"train_iters={iteration + 2}",
+                       f"load={run_dir}/checkpoints", "num_gpus=1", tasks=1)
+    assert (f"resuming {latest} (TP 1 × PP 0 × DP 2) as TP 1 × PP 0 × DP 1: re-sharded into {latest}-tp1pp0dp1"
+            in output), output
+    assert "its global batch of" in output and f"resumed from {run_dir}/checkpoints at iteration {iteration}" in output
+    assert train_iterations(run_dir / "smaller_logs") == [iteration + 1, iteration + 2]
 
 
 def test_preprocess_job_array_tokenizes_one_input_per_task(submit_env, demo_data, tmp_path):

@@ -32,15 +32,18 @@ def test_model_parallel_size_must_divide_heads_and_every_slot_count(key, value):
     assert "choose a model_parallel_size" in message
 
 
-def test_every_uneven_count_is_named_at_once():
+def test_every_uneven_count_is_named_at_once_with_the_sizes_that_fit():
     message = error_of({**MINIMAL, "model_parallel_size": 3, "num_attention_heads": 4})
     for part in ("num_attention_heads 4", "qkv_slot_num 32", "proj_slot_num 32", "ffn_slot_num 128"):
         assert part in message
+    assert message.endswith("choose a model_parallel_size dividing them all: 1, 2, 4")
 
 
 def test_model_times_pipe_parallel_size_must_divide_the_processes():
     message = error_of({**MINIMAL, "model_parallel_size": 2}, world_size=3)
     assert "world_size 3 is not divisible by model_parallel_size 2" in message
+    assert message.endswith("change the process count to a multiple of 2, or the parallel sizes to ones whose "
+                            "product divides 3 (1, 3)")
 
 
 def test_valid_tensor_parallel_config_gives_the_data_parallel_batch():

@@ -27,14 +27,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
-import shutil
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 from megatron.cli import InputError, one_line_errors, stop_at_once_while_starting
 
@@ -42,35 +38,14 @@ if __name__ == "__main__":  # before the imports below, which are slow (megatron
     stop_at_once_while_starting("grow_checkpoint.py", "before anything was written")
 
 from megatron.checkpoint.commit import STAGING_PREFIX  # noqa: E402
-from megatron.checkpoint.growth_record import read_growth_record  # noqa: E402
-from megatron.checkpoint.manifest import content_digest  # noqa: E402
 from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty  # noqa: E402
-from megatron.checkpoint.save import checkpoint_tag  # noqa: E402
 from megatron.config import load_config  # noqa: E402
 from megatron.config.loader import keys_set  # noqa: E402
-from megatron.formats.deepspeed.reader import (SourceCheckpoint, checkpoint_directory, read_checkpoint,  # noqa: E402
-                                               verify_checkpoint)
-from megatron.formats.deepspeed.writer import CheckpointWriter  # noqa: E402
-from megatron.growth.grow import grown_states  # noqa: E402
-from megatron.growth.notes import default_mode_note  # noqa: E402
-from megatron.growth.plan import NORM_TOKEN_COUNTS, GrowthPlan, pattention_entry, plan_growth  # noqa: E402
+from megatron.formats.deepspeed.reader import checkpoint_directory, read_checkpoint  # noqa: E402
+from megatron.growth.grow_checkpoint import write_grown_checkpoint  # noqa: E402
+from megatron.growth.plan import NORM_TOKEN_COUNTS, GrowthPlan  # noqa: E402
 from megatron.model.args import GROWTH_MODES  # noqa: E402
 from megatron.model.spec import slot_keys  # noqa: E402
-
-Item = TypeVar("Item")
-_DONE = object()
-
-
-def computed_ahead(items: Iterator[Item], ahead: int = 2) -> Iterator[Item]:
-    """`items`, up to `ahead` of them computed in a background thread while the caller handles the one before:
-    reading and growing the next entries overlap writing this one (torch and file I/O release the GIL), and
-    a large entry's write does not leave the reading thread idle."""
-    with ThreadPoolExecutor(1) as pool:
-        pending = deque(pool.submit(next, items, _DONE) for _ in range(ahead))
-        while (item := pending.popleft().result()) is not _DONE:
-            pending.append(pool.submit(next, items, _DONE))
-            yield item
-
 
 def keep_freed_memory_for_reuse() -> bool:
     """Have glibc's malloc serve large blocks from its heap and keep freed ones there, so the next grown tensor
@@ -113,52 +88,10 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
     `announce` is given the line saying that the default chose the growth mode, where it did, before growing."""
     load, save = Path(load), Path(save)
     check_destination(load, save)
-    tag_dir, created = checkpoint_directory(load, tag), not save.exists()
-    with ThreadPoolExecutor(1) as pool:
-        verification = pool.submit(verify_checkpoint, tag_dir)  # hashing the source beside the growing
-        try:
-            return _grow(read_checkpoint(tag_dir), save, configs, slot_overrides, verification.result,
-                         zero_new_values=zero_new_values, optimizer=optimizer, reset_iteration=reset_iteration,
-                         allow_shrink=allow_shrink, growth_mode=growth_mode, norm=norm, announce=announce)
-        except BaseException as error:  # KeyboardInterrupt too: nothing half-written stays behind
-            if created:
-                shutil.rmtree(save, ignore_errors=True)
-            if isinstance(error, Exception):
-                verification.result()  # a corrupt source is the cause of whatever reading it raised: name it
-            raise
-
-
-def _grow(source: SourceCheckpoint, save: Path, configs: Sequence[str | Path],
-          slot_overrides: dict[str, int | None] | None, verified: Callable[[], None], *, zero_new_values: bool,
-          optimizer: str | None, reset_iteration: bool, allow_shrink: bool, growth_mode: str | None,
-          norm: str | None, announce: Callable[[str], None] | None) -> tuple[Path, GrowthPlan]:
-    """grow_checkpoint's work, publishing only after `verified()` returned (it raises for a corrupt source)."""
-    plan = plan_growth(source.config, load_config(configs), slot_overrides, allow_shrink=allow_shrink,
-                       zero_new_values=zero_new_values, mode=growth_mode, norm=norm, optimizer=optimizer)
-    note = default_mode_note(plan, keys_set(configs) | ({"growth_mode"} if growth_mode else set()))
-    if note and announce:
-        announce(note)
-    reset_optimizer = plan.resets_optimizer
-    reset_iteration = reset_iteration or plan.resets_iteration
-    iteration = 0 if reset_iteration else source.iteration
-    record = plan.growth_record(read_growth_record(source.tag_dir))
-    writer = CheckpointWriter(
-        save, checkpoint_tag(iteration), plan.target, iteration=iteration,
-        consumed_train_samples=0 if reset_iteration else source.consumed_train_samples,
-        optimizer_step=None if reset_optimizer else source.optimizer_step,
-        growth_record=None if record is None else {**record, "source_sha256": content_digest(source.tag_dir)})
-    norms: dict[str, int] = {}  # the n of √n the output holds per kind, for the growth record
-    with writer:
-        for name, state in computed_ahead(grown_states(source.names(), source.state, plan)):
-            entry = pattention_entry(name)
-            if entry is not None and entry[1] == "norm_token_count":
-                norms.setdefault(entry[0], int(state.weight))
-            writer.write(name, state.without_moments() if reset_optimizer else state)
-        verified()
-        if writer.growth_record is not None and (plan.grows or iteration != source.iteration):
-            # where a ramp starts: this growth, or this restart of the iteration (the n the output holds)
-            writer.growth_record = {**writer.growth_record, "norm_token_count": norms, "iteration": iteration}
-        return writer.commit(), plan
+    return write_grown_checkpoint(
+        checkpoint_directory(load, tag), save, load_config(configs), keys_set(configs), slot_overrides,
+        zero_new_values=zero_new_values, optimizer=optimizer, reset_iteration=reset_iteration,
+        allow_shrink=allow_shrink, growth_mode=growth_mode, norm=norm, announce=announce)
 
 
 def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Namespace) -> str:

@@ -4,7 +4,9 @@ Only checkpoints that can be resumed from count as kept. A damaged one (a file m
 size, or one this run's resume found corrupted) is renamed `global_stepN.damaged` (`.damaged-2`, ... where a
 checkpoint of that iteration was set aside before), named in a warning and never deleted: it is not counted,
 so the newest checkpoints that verify are the ones kept. A damaged one at the iteration a resumed run saves again
-is set aside the same way before that save (`set_aside_if_damaged`), instead of being replaced and deleted.
+is set aside the same way before that save (`set_aside_if_damaged`), instead of being replaced and deleted. A
+checkpoint's copies re-sharded for another layout (global_stepN-tp1pp1dp4, megatron/growth/reshard_on_resume.py)
+are deleted with it, and never counted.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
         else:
             _set_aside(path, why, f"and not counted among keep_last_n_checkpoints={keep}")
     for path in usable[:-keep]:
-        doomed = path.with_name(f"{STAGING_PREFIX}deleted-{path.name}")
-        path.rename(doomed)
-        shutil.rmtree(doomed)
+        for gone in [path, *save_dir.glob(f"{path.name}-tp*pp*dp*")]:  # and its copies re-sharded on resume
+            doomed = gone.with_name(f"{STAGING_PREFIX}deleted-{gone.name}")
+            gone.rename(doomed)
+            shutil.rmtree(doomed)

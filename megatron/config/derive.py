@@ -35,9 +35,12 @@ def _precision(values: Mapping[str, Any]) -> str:
 def _data_parallel_size(values: Mapping[str, Any], world_size: int) -> int:
     model_copies = values["model_parallel_size"] * max(values["pipe_parallel_size"], 1)
     if world_size % model_copies:
+        fitting = [size for size in range(1, world_size + 1) if world_size % size == 0]
         raise ConfigError(
             f"world_size {world_size} is not divisible by model_parallel_size {values['model_parallel_size']} "
-            f"* pipe_parallel_size {values['pipe_parallel_size']}; change the process count or the parallel sizes"
+            f"* pipe_parallel_size {values['pipe_parallel_size']}; change the process count to a multiple of "
+            f"{model_copies}, or the parallel sizes to ones whose product divides {world_size} "
+            f"({', '.join(map(str, fitting))})"
         )
     return world_size // model_copies
 

@@ -308,6 +308,11 @@ _DATA = (
 _CHECKPOINT = (
     Key("save", str, None, "checkpoint", "Directory checkpoints are written to."),
     Key("load", str, None, "checkpoint", "Directory to resume from (or to evaluate with eval_only)."),
+    Key("reshard_on_resume", bool, True, "checkpoint",
+        "Resume a checkpoint saved on another model_parallel_size, pipe_parallel_size or data-parallel size: "
+        "deepy.py writes it re-sharded into this run's layout beside it (global_stepN-tp1pp1dp4, the original "
+        "untouched; reused by the next resume on that layout) and keeps its global batch "
+        "(docs/cluster.md, \"When your allocation changes\"). false: such a resume is refused."),
     Key("checkpoint_factor", int, None, "checkpoint", "Save a checkpoint every this many steps.",
         valid_range=AT_LEAST_ONE),
     Key("extra_save_iters", list, None, "checkpoint", "Additional steps at which to save a checkpoint.", item=int),

@@ -152,9 +152,12 @@ def _tensor_parallel_splits_evenly(v: Mapping[str, Any]) -> str | None:
         if v[name] is not None and v[name] % tp
     ]
     if uneven:
+        counts = [v[name] for name in ("num_attention_heads", *TOKEN_COUNT_KEYS) if v[name] is not None]
+        fitting = [size for size in range(1, min(counts) + 1) if all(count % size == 0 for count in counts)]
         return (
             f"model_parallel_size {tp} does not divide {', '.join(uneven)}; tensor parallelism splits heads "
-            "and parameter tokens evenly over the ranks, so choose a model_parallel_size dividing them all"
+            f"and parameter tokens evenly over the ranks, so choose a model_parallel_size dividing them all: "
+            f"{', '.join(map(str, fitting))}"
         )
     return None
 

@@ -7,7 +7,8 @@ launch and prints one traceback per rank.
   and that `split` gives the train part of data_path a share and at least one global batch of text;
 - `load` holds checkpoints, or is `save` with nothing there yet (load_check.py);
 - the checkpoint a training run resumes from: files present, pickles screened (megatron/checkpoint/safety.py), its
-  layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py), and, with
+  layout and every tensor against the model (megatron/formats/deepspeed/compatibility.py; saved on another
+  layout: as saved, and the free space its re-shard takes, megatron/growth/reshard_on_resume.py), and, with
   norm_token_count_ramp_iters, a growth record saying where the ramp starts and, mid-ramp, the length the
   checkpoint was saved with (megatron/growth/norm_ramp.py);
 - the save directory is not in use by another run (megatron/checkpoint/save_lock.py) and, on a launch from this
@@ -16,7 +17,8 @@ launch and prints one traceback per rank.
 - the cluster check's golden curve file, field by field (megatron/config/golden_curve.py).
 
 `preflight_notes` says what is allowed but likely unintended: a train split that training reads many times;
-`nothing_left_to_train`, that a run need not start: its checkpoint already reached train_iters.
+`nothing_left_to_train`, that a run need not start: its checkpoint already reached train_iters;
+`reshard_before_launch` re-shards a checkpoint saved on another layout, once all of this passed.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from megatron.formats.deepspeed.compatibility import (
     tensor_problems,
 )
 from megatron.growth.norm_ramp import norm_ramp, resumed_ramp_problem
+from megatron.growth.reshard_on_resume import (data_parallel_size, disk_problem, needs_reshard, resharded_line,
+                                               resharded_tag)
 from megatron.launch.hosts import is_local_host
 from megatron.launch.load_check import load_problem
 from megatron.launch.ports import is_free, master_port
@@ -76,7 +80,11 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
         return ramp
     if holds_weights_only(tag_dir):  # loaded into any layout
         return tensor_problems(tag_dir, cfg, vocabulary, saved_layout=True) or architecture_problems(tag_dir, cfg)
-    data_parallel = processes // (cfg.model_parallel_size * max(1, cfg.pipe_parallel_size))
+    data_parallel = data_parallel_size(cfg, processes)
+    if cfg.reshard_on_resume and needs_reshard(tag_dir, cfg, data_parallel):  # deepy.py re-shards it
+        resharded = (Path(cfg.load) / resharded_tag(tag, cfg, data_parallel)).is_dir()
+        return (tensor_problems(tag_dir, cfg, vocabulary, saved_layout=True) or architecture_problems(tag_dir, cfg)
+                or ([] if resharded else list(filter(None, [disk_problem(tag_dir)]))))
     # A frozen run whose checkpoint was saved with another freeze loads weights only: any data-parallel size.
     return (layout_problems(tag_dir, cfg, None if cfg.freeze_old_param_tokens else data_parallel)
             or tensor_problems(tag_dir, cfg, vocabulary) or architecture_problems(tag_dir, cfg))
@@ -134,6 +142,20 @@ def nothing_left_to_train(cfg: Config) -> str | None:
     return (f"nothing to train: the checkpoint this run resumes ({tag_dir}) is at iteration {iteration} and "
             f"train_iters = {cfg.train_iters}; raise train_iters (and lr_decay_iters, for a longer schedule) to train "
             "on, or set eval_only=true to evaluate it")
+
+
+def reshard_before_launch(cfg: Config, processes: int) -> str | None:
+    """Where the checkpoint a training run resumes was saved on another layout: re-shard it into this one (or
+    find it re-sharded) and return the line saying so; None otherwise (megatron/growth/reshard_on_resume.py).
+    Asked once preflight_problems found nothing, so its inputs were checked."""
+    script = Path(cfg.user_script or "train.py").name
+    if not cfg.load or script in INFERENCE_SCRIPTS or script == CLUSTER_CHECK_SCRIPT:
+        return None
+    try:
+        tag, _ = tag_to_resume_before_launch(cfg.load)
+    except CheckpointRefused as error:
+        raise ConfigError(str(error)) from None
+    return resharded_line(cfg, tag, processes)
 
 
 def launches_here(cfg: Config, slots: Slots) -> bool:

@@ -25,6 +25,7 @@ from megatron.formats.deepspeed.resume import load_checkpoint
 from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
 from megatron.growth.norm_ramp import NormRampApplier, norm_ramp
 from megatron.growth.partial_init import grow_into
+from megatron.growth.reshard_on_resume import tag_for_this_layout
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.compile import compile_backend, compile_layers
 from megatron.model.pipeline import build_pipeline
@@ -120,7 +121,7 @@ class Trainer:
             command = " ".join([cfg.user_script or "train.py", *(cfg.config_files or ())])
             hold_save_directory_for_the_run(cfg.save, command)
         # Collective; verifies every file of the chosen checkpoint, so it is done once.
-        tag = resume_tag(cfg.load)
+        tag = tag_for_this_layout(cfg, resume_tag(cfg.load), mpu.get_data_parallel_world_size())
         self.growth = run_growth(cfg, tag)
         deepspeed_step = lean_step_problem(cfg, get_accelerator().device_name())
         self.engine, self.optimizer, self.model_args = setup_model_and_engine(

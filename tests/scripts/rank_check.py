@@ -25,7 +25,8 @@ from megatron.runtime.process_group import initialize_distributed
 
 
 def check(cfg: Config) -> None:
-    if os.environ.get("WAIT_RANK") == os.environ["RANK"]:
+    wait_rank = os.environ.get("WAIT_RANK")  # RANK before the group exists: set by the local launcher, not srun
+    if wait_rank is not None and wait_rank == os.environ["RANK"]:
         time.sleep(600)
     initialize_distributed(cfg)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -5,7 +5,8 @@ Four things must agree: the tensor/pipeline layout (config.json), the data-paral
 state is ZeRO-partitioned (DeepSpeed cannot re-partition it), the shape of every tensor in the layout's
 real weight files (pipeline layer files included) with the model the config describes, and every model key
 (config.json's ARCHITECTURE_KEYS, of which Θ, τ, rotary and the norms change no shape). Every difference is
-named at once, with the fix: another config, or tools/grow_checkpoint.py, which re-shards into any layout.
+named at once, with the fix: another config, deepy.py's re-shard before launch (megatron/growth/reshard_on_resume.py,
+which asks this module when a checkpoint needs one), or tools/grow_checkpoint.py, which re-shards into any layout.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from megatron.model.args import ARCHITECTURE_KEYS
 from megatron.mpu import full_shape
 
 ZERO_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-RESHARD = "re-shard it into this run's layout with tools/grow_checkpoint.py (the slot counts unchanged)"
+RESHARD = ("set reshard_on_resume: true (the default), which re-shards it beside the original, or re-shard it "
+           "into this run's layout with tools/grow_checkpoint.py (the slot counts unchanged)")
 
 
 def _saved_config(tag_dir: Path) -> dict:
