@@ -260,8 +260,11 @@ _TRAINING = (
         "Seconds a rank may go without finishing a training step before the job is ended as hung "
         "(runtime/hang_watch.py): every rank's Python stack goes to log_dir/hangs, one line names the ranks that "
         "did not arrive, and the job exits 124. Evaluation, checkpoint saves and the first step (compilation) are "
-        "not timed; the start keeps torch's 30-minute rendezvous timeout. 600 s covers a slow step and the skew "
-        "between ranks leaving a 1.5B save, against 30 minutes of idling; 0 turns the watch off.",
+        "not timed, but a rank whose heartbeat stops for this long ends the job during them too; the start keeps "
+        "torch's 30-minute rendezvous timeout. 600 s covers a slow step and the skew between ranks leaving a 1.5B "
+        "save, against 30 minutes of idling; 0 turns the watch off. cluster_check.py: a rank that does not come "
+        "back from a section this long after another did, or whose heartbeat stops this long, fails the section "
+        "and ends the check.",
         valid_range=NON_NEGATIVE),
     Key("exit_interval", int, None, "training",
         "Save a checkpoint and exit 0 after an iteration divisible by this.", valid_range=AT_LEAST_ONE),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -252,20 +254,22 @@ class Trainer:
                                     self.growth.record_to_save())
             if logged:  # the next interval's time is training alone: evaluation and saving are not in it
                 window_start = time.perf_counter()
-            with phase(BOOKKEEPING), unwatched():
-                stop = state.iteration < cfg.train_iters and self._stops_early()
+            with phase(BOOKKEEPING):  # timed: its all-reduce is a collective of every step
+                stop = state.iteration < cfg.train_iters and self._stops_early(unwatched)
             if stop:
                 break
 
-    def _stops_early(self) -> bool:
+    def _stops_early(self, unwatched: Callable[[], AbstractContextManager[None]]) -> bool:
         """Collective: on preemption, exit_interval or exit_duration_in_mins, save here (unless the loop just
-        did) and tell the loop to stop."""
+        did; `unwatched` pauses the hang watch around the save) and tell the loop to stop."""
         cfg, state = self.cfg, self.state
         state.exit_reason = self.exit_conditions.reason(state.iteration)
         if state.exit_reason is None:
             return False
         if cfg.save and not should_save(cfg, state.iteration):
-            save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples, self.growth.record_to_save())
+            with unwatched():
+                save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
+                                self.growth.record_to_save())
         saved = f"; checkpoint saved in {cfg.save}" if cfg.save else "; no checkpoint (save is not set)"
         print_rank_0(f"exiting after iteration {state.iteration}: {state.exit_reason}{saved}")
         return True
