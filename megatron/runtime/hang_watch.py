@@ -110,6 +110,8 @@ class HangWatch:
         self.store = store_client(self.beat_seconds)  # None: no beats, no names
         self._beats = 0
         self._peer, self._peer_beat, self._peer_seen = (self.rank + 1) % self.world, None, time.monotonic()
+        # Before this rank goes on: a rank stopped right after would otherwise have no beat for its peer to see stop.
+        self._beat()
         self._thread = threading.Thread(target=self._watch, name="hang_watch", daemon=True)
         self._thread.start()
 
@@ -154,7 +156,6 @@ class HangWatch:
         return self._peer_beat is not None and now - self._peer_seen > self.timeout
 
     def _watch(self) -> None:
-        self._beat()  # at once: a rank stopped before its first beat still has a host to be named by
         woke = time.monotonic()
         while not self._stopped.wait(self.beat_seconds):
             faulthandler.dump_traceback_later(self.timeout + BACKSTOP_SECONDS, exit=True)
