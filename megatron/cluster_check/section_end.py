@@ -2,7 +2,7 @@
 
 Not through the process group: a rank whose section raised must enter no collective, since the others may be
 waiting in one of the section's (an all-reduce in throughput) and the two would be paired. Each rank sets its
-outcome in the store, counts itself in, and waits for the count with the hang watch armed
+outcome in the store, counts itself in, and waits for the last to arrive with the hang watch armed
 (megatron/runtime/hang_watch.py): when a rank does not come back within hang_timeout, the watch ends the check
 with the section's FAIL naming it. Without a watch (hang_timeout 0, or no env:// store) the outcomes are
 gathered by a collective, as before the watch.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TypeVar
 
 import torch.distributed as dist
@@ -19,7 +20,7 @@ import torch.distributed as dist
 from megatron.cluster_check.ranks import gather
 from megatron.runtime.hang_watch import PREFIX, HangWatch, store_client
 
-POLL_SECONDS = 0.05
+RETRY_SECONDS = 0.05
 T = TypeVar("T")
 
 
@@ -30,7 +31,7 @@ def _answer(call: Callable[[], T]) -> T:
         try:
             return call()
         except Exception:  # noqa: BLE001 (the store's timeout; the watch judges)
-            time.sleep(POLL_SECONDS)
+            time.sleep(RETRY_SECONDS)
 
 
 def section_outcomes(watch: HangWatch | None, index: int, error: str | None) -> list[str | None]:
@@ -44,10 +45,9 @@ def section_outcomes(watch: HangWatch | None, index: int, error: str | None) -> 
         _answer(lambda: store.add(f"{key}raised", 1))
     watch.error = error  # in its beats: the watch's verdict names it
     watch.step_done(index + 1)  # arrived: the wait for the others is timed
-    arrived = _answer(lambda: store.add(f"{key}arrived", 1))
-    while arrived < world:
-        time.sleep(POLL_SECONDS)
-        arrived = _answer(lambda: store.add(f"{key}arrived", 0))
+    if _answer(lambda: store.add(f"{key}arrived", 1)) >= world:  # the last to arrive lets every rank go
+        _answer(lambda: store.set(f"{key}all", "1"))
+    _answer(lambda: store.wait([f"{key}all"], timedelta(seconds=watch.beat_seconds)))
     watch.armed, watch.error = False, None
     if not _answer(lambda: store.add(f"{key}raised", 0)):  # the usual case: one read, not one a rank
         return [None] * world
