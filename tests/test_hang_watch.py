@@ -1,9 +1,10 @@
 """A hang while steps run ends the job within hang_timeout + 60 s, naming the rank that did not arrive, with every
 live rank's stack written (a real deepy.py launch of the tiny config on 2 processes, one rank SIGSTOPped
 mid-run); the first step and paused work (evaluation, saves) do not trip the watch, and a peer stopped while a
-rank is paused does (two forked gloo ranks). The cluster check: a rank that raises in throughput, or is stopped
-in collectives, fails that section naming it within hang_timeout, and the check ends (two forked gloo ranks
-running run_cluster_check each)."""
+rank is paused does (two forked gloo ranks). The cluster check (two forked gloo ranks running run_cluster_check
+each): a rank that raises in throughput, or is stopped in collectives, fails that section naming it within
+hang_timeout, and the check ends; a rank that raises after the others left the section fails it and the check
+goes on."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import psutil
 import pytest
 import torch.distributed as dist
 
-from megatron.cluster_check import collectives, throughput
+from megatron.cluster_check import collectives, environment, throughput
 from megatron.cluster_check.check import REPORT_NAME, run_cluster_check
 from megatron.config import load_config
 from megatron.config.run_inputs import CLUSTER_CHECK_FAILED, HUNG
@@ -118,13 +119,14 @@ def test_the_first_step_and_paused_work_do_not_trip_the_watch_and_a_peer_stopped
     assert f"Did not arrive: rank 1 on {socket.gethostname()} (its heartbeat stopped" in hang["line"], hang
 
 
-def _cluster_check_with_a_fault(data: list[str], log_dir: Path, sections: str, fault: Callable[[], None]) -> int:
-    """Rank body: cluster_check.py's run of `sections`, `fault` set up on rank 1 (it records when it struck)."""
+def _cluster_check_with_a_fault(data: list[str], log_dir: Path, sections: str, fault: Callable[[], None]) -> None:
+    """Rank body: cluster_check.py's run of `sections`, `fault` set up on rank 1 (it records when it struck); the
+    process exits with the check's status, as cluster_check.py's would."""
     cfg = load_config([TINY], [*data, "num_gpus=2", f"log_dir={log_dir}", f"cluster_check_sections={sections}",
                                f"hang_timeout={CHECK_TIMEOUT}"], world_size=2)
     if dist.get_rank() == 1:
         fault()
-    return run_cluster_check(cfg)
+    os._exit(run_cluster_check(cfg))
 
 
 def _struck(log_dir: Path) -> None:
@@ -139,6 +141,17 @@ def _raise_in_throughput(log_dir: Path) -> None:
     throughput.engine_for = out_of_memory
 
 
+def _raise_after_the_environment(log_dir: Path) -> None:
+    checked = environment.run
+
+    def raise_when_done(context: object) -> None:
+        checked(context)
+        _struck(log_dir)
+        raise RuntimeError("a fault after the section's last collective (injected)")
+
+    environment.run = raise_when_done
+
+
 def _stop_in_collectives(log_dir: Path) -> None:
     def stopped(*args: object) -> None:
         _struck(log_dir)
@@ -147,13 +160,16 @@ def _stop_in_collectives(log_dir: Path) -> None:
     collectives._correct = stopped
 
 
-@pytest.mark.parametrize("sections, fault, section, finding", [
-    ("[throughput]", _raise_in_throughput, "throughput", "raised RuntimeError: CUDA out of memory (injected)"),
+@pytest.mark.parametrize("sections, fault, section, finding, after", [
+    ("[throughput]", _raise_in_throughput, "throughput", "raised RuntimeError: CUDA out of memory (injected)", None),
     ("[collectives, throughput]", _stop_in_collectives, "collectives",
-     "its heartbeat stopped: the process is stopped or dead"),
-], ids=["raise_in_throughput", "stop_in_collectives"])
+     "its heartbeat stopped: the process is stopped or dead", "## throughput: SKIP\n\nnot run: the check ended in "
+                                                              "collectives"),
+    ("[environment, collectives]", _raise_after_the_environment, "environment",
+     "raised RuntimeError: a fault after the section's last collective (injected)", "## collectives: PASS"),
+], ids=["raise_in_throughput", "stop_in_collectives", "raise_then_go_on"])
 def test_a_rank_that_raises_or_stops_inside_a_section_fails_it_named_within_hang_timeout(
-        demo_data, tmp_path, sections, fault, section, finding):
+        demo_data, tmp_path, sections, fault, section, finding, after):
     processes, _ = start_ranks(2, _cluster_check_with_a_fault, data_overrides(demo_data), tmp_path, sections,
                                lambda: fault(tmp_path))
     codes = end_of_ranks(processes, timeout=120)
@@ -165,5 +181,4 @@ def test_a_rank_that_raises_or_stops_inside_a_section_fails_it_named_within_hang
     assert f"## {section}: FAIL" in text, text
     assert f"rank 1 on {socket.gethostname()}" in text and finding in text, text
     assert seconds < CHECK_TIMEOUT + 10, seconds
-    if section == "collectives":
-        assert "not run: the check ended in collectives" in text, text
+    assert after is None or after in text, text

@@ -45,7 +45,7 @@ REPORT_NAME = "cluster_check.md"
 
 
 def _runners(results: dict[str, SectionResult]) -> dict[str, Callable[[CheckContext], SectionResult]]:
-    save_shared = results["environment"].facts["save_shared"] if "environment" in results else True
+    save_shared = results["environment"].facts.get("save_shared", True) if "environment" in results else True
     return {"environment": environment.run, "collectives": collectives.run,
             "numerics": lambda context: numerics.run(context, save_shared), "golden": golden.run,
             "throughput": throughput.run}
