@@ -55,8 +55,10 @@ def _run_rank(rank: int, world_size: int, port: int, function: Callable, args: t
             dist.destroy_process_group()
 
 
-def run_on_ranks(world_size: int, function: Callable, *args: Any, timeout: float = 300) -> list[Any]:
-    """`function(*args)` on ranks 0..world_size-1; returns their results in rank order."""
+def start_ranks(world_size: int, function: Callable, *args: Any) -> tuple[list[mp.Process], Any]:
+    """The started processes of ranks 0..world_size-1 running `function(*args)`, and the queue of their
+    (rank, traceback or None, result) answers. For a test of processes that end the job themselves (os._exit) or
+    are stopped: it reads their exit codes and kills what is left."""
     context = mp.get_context("fork")
     results = context.Queue()
     port = free_port()
@@ -64,6 +66,12 @@ def run_on_ranks(world_size: int, function: Callable, *args: Any, timeout: float
                  for rank in range(world_size)]
     for process in processes:
         process.start()
+    return processes, results
+
+
+def run_on_ranks(world_size: int, function: Callable, *args: Any, timeout: float = 300) -> list[Any]:
+    """`function(*args)` on ranks 0..world_size-1; returns their results in rank order."""
+    processes, results = start_ranks(world_size, function, *args)
     deadline = time.monotonic() + timeout
     outputs: dict[int, Any] = {}
     try:

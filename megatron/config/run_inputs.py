@@ -80,6 +80,7 @@ INFERENCE_SCRIPTS = ("generate.py", "eval.py")
 # trains nothing of its own and never resumes.
 CLUSTER_CHECK_SCRIPT = "cluster_check.py"
 CLUSTER_CHECK_FAILED = 3  # its exit status when a section failed: a verdict on the cluster, not an error
+HUNG = 124  # a rank's exit status when the job hung (runtime/hang_watch.py): distinct from a crash's 1
 
 
 def _inference_problems(cfg: Config, script: str) -> list[str]:

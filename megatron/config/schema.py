@@ -256,6 +256,16 @@ _TRAINING = (
     Key("exit_signals", list, ["SIGTERM", "SIGUSR1"], "training",
         "Signals exit_signal_handler acts on. SLURM sends SIGTERM at preemption and the time limit, and SIGUSR1 "
         "ahead of time with --signal=USR1@SECONDS.", item=str),
+    Key("hang_timeout", float, 600.0, "training",
+        "Seconds a rank may go without finishing a training step before the job is ended as hung "
+        "(runtime/hang_watch.py): every rank's Python stack goes to log_dir/hangs, one line names the ranks that "
+        "did not arrive, and the job exits 124. Evaluation, checkpoint saves and the first step (compilation) are "
+        "not timed, but a rank whose heartbeat stops for this long ends the job during them too; the start keeps "
+        "torch's 30-minute rendezvous timeout. 600 s covers a slow step and the skew between ranks leaving a 1.5B "
+        "save, against 30 minutes of idling; 0 turns the watch off. cluster_check.py: a rank that does not come "
+        "back from a section this long after another did, or whose heartbeat stops this long, fails the section "
+        "and ends the check.",
+        valid_range=NON_NEGATIVE),
     Key("exit_interval", int, None, "training",
         "Save a checkpoint and exit 0 after an iteration divisible by this.", valid_range=AT_LEAST_ONE),
     Key("exit_duration_in_mins", float, None, "training",

@@ -51,6 +51,7 @@ def _end_tree(process: subprocess.Popen) -> list[psutil.Process]:
     for member in tree:
         try:
             member.terminate()
+            member.resume()  # SIGCONT: a stopped rank (the hang a watch named) acts on the SIGTERM only running
         except psutil.Error:
             pass
     return tree

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from megatron.cli import JOB_STOP_SIGNALS
-from megatron.config.run_inputs import CLUSTER_CHECK_FAILED, CLUSTER_CHECK_SCRIPT
+from megatron.config.run_inputs import CLUSTER_CHECK_FAILED, CLUSTER_CHECK_SCRIPT, HUNG
 from megatron.host.orphan_watch import VARIABLE as ORPHAN_VARIABLE
 from megatron.host.orphan_watch import launcher_identity
 from megatron.launch.first_to_end import FirstRankToEnd, describe_end
@@ -146,6 +146,9 @@ def _failure_line(script: str, code: int, first_to_end: FirstRankToEnd, first: s
     """deepy.py's last line for a job that failed with exit status `code`, whose first rank to end `first` names."""
     if first_to_end.code == CLUSTER_CHECK_FAILED and Path(script).name == CLUSTER_CHECK_SCRIPT:
         return f"deepy.py: {script} found failures (exit status {code}): the summary above names them"
+    if first_to_end.code == HUNG:
+        return (f"deepy.py: {script} hung (exit status {code}): no step finished within hang_timeout; the 'hang:' "
+                "line above names the ranks that did not arrive, and log_dir/hangs holds every rank's stack")
     cause = f"{first}; the errors of the other ranks follow from it" if first else \
         "the first error printed above is the cause"
     return f"deepy.py: {script} failed (the launcher exited {code}); {cause}"

@@ -20,6 +20,7 @@ from deepspeed.accelerator import get_accelerator
 from megatron import mpu
 from megatron.config import Config, ConfigError
 from megatron.runtime.environment import export_rank_environment
+from megatron.runtime.hang_watch import record_collectives
 from megatron.runtime.rendezvous import TIMEOUT, join_launch
 from megatron.runtime.settings import RuntimeSettings
 
@@ -66,6 +67,8 @@ def initialize_distributed(cfg: Config) -> Placement:
     if started_here:
         export_rank_environment(cfg)
     bind_local_device()
+    if started_here:
+        record_collectives(backend, cfg.hang_timeout)
     if started_here and settings.launch_id:
         join_launch(settings.launch_id, backend)
     elif started_here:

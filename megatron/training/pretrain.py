@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.compile import compile_backend, compile_layers
 from megatron.model.pipeline import build_pipeline
 from megatron.runtime.collectives import is_output_rank
+from megatron.runtime.hang_watch import HangWatch, start_hang_watch
 from megatron.runtime.process_group import initialize_distributed
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.data import batch_iterator, build_datasets
@@ -205,8 +209,21 @@ class Trainer:
         until = cfg.train_iters if until is None else min(until, cfg.train_iters)
         batches = self._iterator(self.splits.train, state.consumed_samples)
         tokens_per_step = cfg.train_batch_size * cfg.seq_length
-        self.train_start = window_start = time.perf_counter()
-        window_steps, first_window = 0, True
+        self.train_start = time.perf_counter()
+        watch = start_hang_watch(cfg.hang_timeout, cfg.log_dir)
+        try:
+            self._steps(until, batches, tokens_per_step, watch)
+        finally:
+            if watch is not None:
+                watch.stop()
+        return state
+
+    def _steps(self, until: int, batches, tokens_per_step: int, watch: HangWatch | None) -> None:
+        """train's loop; `watch` (hang_watch.py, or None) sees each step end and is paused around evaluation and
+        saves."""
+        cfg, state = self.cfg, self.state
+        unwatched = watch.paused if watch is not None else contextlib.nullcontext
+        window_start, window_steps, first_window = self.train_start, 0, True
         while state.iteration < until:
             with phase(BOOKKEEPING):
                 lr = self.schedule.apply(self.optimizer, state.iteration)
@@ -216,6 +233,8 @@ class Trainer:
             with phase(BOOKKEEPING):
                 self.nonfinite_steps.check(state.iteration + 1, loss, grad_norm)
             state.iteration += 1
+            if watch is not None:
+                watch.step_done(state.iteration)
             state.consumed_samples += cfg.train_batch_size
             state.last_train_loss = loss
             if self.norm_ramp is not None:  # the n of this iteration, for evaluation and a checkpoint saved here
@@ -227,27 +246,30 @@ class Trainer:
                 with phase(LOGGING):
                     self._log_train(loss, lr, grad_norm, elapsed / window_steps, tokens_per_step, first_window)
                 window_steps, first_window = 0, False
-            if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
-                self.evaluate()
-            if should_save(cfg, state.iteration):
-                save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples, self.growth.record_to_save())
+            with unwatched():
+                if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
+                    self.evaluate()
+                if should_save(cfg, state.iteration):
+                    save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
+                                    self.growth.record_to_save())
             if logged:  # the next interval's time is training alone: evaluation and saving are not in it
                 window_start = time.perf_counter()
-            with phase(BOOKKEEPING):
-                stop = state.iteration < cfg.train_iters and self._stops_early()
+            with phase(BOOKKEEPING):  # timed: its all-reduce is a collective of every step
+                stop = state.iteration < cfg.train_iters and self._stops_early(unwatched)
             if stop:
                 break
-        return state
 
-    def _stops_early(self) -> bool:
+    def _stops_early(self, unwatched: Callable[[], AbstractContextManager[None]]) -> bool:
         """Collective: on preemption, exit_interval or exit_duration_in_mins, save here (unless the loop just
-        did) and tell the loop to stop."""
+        did; `unwatched` pauses the hang watch around the save) and tell the loop to stop."""
         cfg, state = self.cfg, self.state
         state.exit_reason = self.exit_conditions.reason(state.iteration)
         if state.exit_reason is None:
             return False
         if cfg.save and not should_save(cfg, state.iteration):
-            save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples, self.growth.record_to_save())
+            with unwatched():
+                save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
+                                self.growth.record_to_save())
         saved = f"; checkpoint saved in {cfg.save}" if cfg.save else "; no checkpoint (save is not set)"
         print_rank_0(f"exiting after iteration {state.iteration}: {state.exit_reason}{saved}")
         return True
