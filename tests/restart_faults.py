@@ -2,8 +2,9 @@
 given iterations, and what the restarted run must equal.
 
 The run trains the tiny config 14 iterations on 2 ranks with a checkpoint every 5 (deterministic: true); the
-faults are real SIGKILLs sent by the test to a real rank once metrics.jsonl shows the iteration, local rank 1 at
-iteration 7 (the run restarts from global_step5) and local rank 0 at iteration 12 (from global_step10).
+faults are real signals sent by the test to a real rank once metrics.jsonl shows the iteration: a SIGKILL to local
+rank 0 at iteration 7 (the run restarts from global_step5), a SIGSTOP to local rank 1 at iteration 12, which rank 0's
+hang watch ends after hang_timeout (exit 124; the restart from global_step10).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from megatron.launch.supervise import runs_script
 from tests.test_training_e2e import data_overrides
 
 ITERATIONS = 14
-# (iteration after which the fault comes, the rank it kills, the checkpoint the restart resumes from)
-FAULTS = ((7, 1, "global_step5"), (12, 0, "global_step10"))
+# (iteration after which the fault comes, the rank it hits, the signal, the checkpoint the restart resumes from)
+FAULTS = ((7, 0, signal.SIGKILL, "global_step5"), (12, 1, signal.SIGSTOP, "global_step10"))
+HANG_TIMEOUT = 6
 FAULT_TIMEOUT_SECONDS = 180
 # The environment of every launch: one thread per rank, so that runs compare bitwise whichever launcher started
 # them (a rank takes its share of the cores from LOCAL_SIZE, which srun does not set: 2 threads each there).
@@ -32,7 +34,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def run_overrides(demo_data: Path, run_dir: Path) -> list[str]:
     return [*data_overrides(demo_data), f"train_iters={ITERATIONS}", f"lr_decay_iters={ITERATIONS}", "eval_iters=0",
-            "eval_interval=1000", "checkpoint_factor=5", "deterministic=true", f"save={run_dir}/checkpoints",
+            "eval_interval=1000", "checkpoint_factor=5", "deterministic=true", f"hang_timeout={HANG_TIMEOUT}",
+            f"save={run_dir}/checkpoints",
             f"load={run_dir}/checkpoints", f"log_dir={run_dir}/logs"]
 
 
@@ -71,15 +74,15 @@ def slurm_job_ranks(job: str) -> dict[int, psutil.Process]:
 
 
 def send_faults(running: Callable[[], bool], run_dir: Path, ranks: Callable[[], dict[int, psutil.Process]]) -> None:
-    """Each of FAULTS in turn: once the attempt running has logged its iteration, SIGKILL to that rank."""
-    for done, (iteration, rank, _) in enumerate(FAULTS):
+    """Each of FAULTS in turn: once the attempt running has logged its iteration, its signal to that rank."""
+    for done, (iteration, rank, fault, _) in enumerate(FAULTS):
         deadline = time.monotonic() + FAULT_TIMEOUT_SECONDS
         while True:
             logged = records(run_dir)
             restarts = sum(r["split"] == RESTART_SPLIT for r in logged)
             reached = max((r["iteration"] for r in logged if r["split"] == "train"), default=0)
             if restarts == done and reached >= iteration and rank in ranks():
-                ranks()[rank].send_signal(signal.SIGKILL)
+                ranks()[rank].send_signal(fault)
                 break
             assert running() and time.monotonic() < deadline, f"no iteration {iteration} after {done} restarts"
             time.sleep(0.01)

@@ -24,7 +24,7 @@ from tests.test_supervise import RANK, supervise, wait_until_ready
 pytestmark = pytest.mark.slow
 
 
-def test_a_run_killed_twice_restarts_twice_and_equals_the_uninterrupted_run(demo_data, restart_reference, tmp_path):
+def test_a_run_killed_then_hung_restarts_twice_and_equals_the_uninterrupted_run(demo_data, restart_reference, tmp_path):
     command = [sys.executable, "deepy.py", "train.py", TINY, *run_overrides(demo_data, tmp_path), "max_restarts=2",
                f"master_port={free_port()}"]
     job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -35,10 +35,14 @@ def test_a_run_killed_twice_restarts_twice_and_equals_the_uninterrupted_run(demo
     finally:
         job.kill()
     assert job.returncode == 0, output
-    for restart, (_, rank, checkpoint) in enumerate(FAULTS, start=1):
-        assert (f"deepy.py: restart {restart} of 2 (max_restarts): local rank {rank} was the first to end: killed by "
-                f"SIGKILL; every rank ended, and all start again from {tmp_path}/checkpoints/{checkpoint} "
-                f"(iteration {checkpoint.removeprefix('global_step')})") in output, output
+    causes = ("local rank 0 was the first to end: killed by SIGKILL",
+              "local rank 0 was the first to end: exited with status 124 (a hang: the 'hang:' line names the ranks "
+              "that did not arrive)")
+    for restart, ((_, _, _, checkpoint), cause) in enumerate(zip(FAULTS, causes, strict=True), start=1):
+        assert (f"deepy.py: restart {restart} of 2 (max_restarts): {cause}; every rank ended, and all start again "
+                f"from {tmp_path}/checkpoints/{checkpoint} (iteration {checkpoint.removeprefix('global_step')})"
+                ) in output, output
+    assert "Did not arrive: rank 1 on" in output, output  # the hang watch named the stopped rank
     assert_equals_the_uninterrupted_run(tmp_path, restart_reference)
 
 

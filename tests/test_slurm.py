@@ -199,9 +199,10 @@ def test_cluster_check_job_passes_every_section_through_its_template(submit_env,
 
 def test_a_job_with_max_restarts_restarts_every_task_in_its_allocation_and_equals_the_uninterrupted_run(
         submit_env, demo_data, restart_reference, tmp_path):
-    """tools/slurm/train.sbatch with one key more, max_restarts=2: a task SIGKILLed at iteration 7 and another at
-    iteration 12 end their srun step; deepy.py, in the same allocation, runs srun again from the latest checkpoint,
-    and the job completes as the run without faults did (tests/restart_faults.py)."""
+    """tools/slurm/train.sbatch with one key more, max_restarts=2: task 0 SIGKILLed at iteration 7, and task 1
+    SIGSTOPped at iteration 12 (task 0's hang watch exits 124), end their srun step; deepy.py, in the same
+    allocation, runs srun again from the latest checkpoint, and the job completes as the run without faults did
+    (tests/restart_faults.py)."""
     output = tmp_path / "job.out"
     job = submit(dict(submit_env, **ONE_THREAD), ["--gpus-per-node=0", "--ntasks-per-node=2", f"--output={output}"],
                  "tools/slurm/train.sbatch", TINY, *run_overrides(demo_data, tmp_path), f"master_port={free_port()}",
@@ -211,9 +212,10 @@ def test_a_job_with_max_restarts_restarts_every_task_in_its_allocation_and_equal
     text = output.read_text() if output.exists() else ""
     assert result == ["COMPLETED"], f"job {result}\n{text}"
     assert text.count("launching 2 processes: srun --ntasks=2") == 1, text
-    for restart, (_, rank, checkpoint) in enumerate(FAULTS, start=1):
-        assert re.search(rf"deepy.py: restart {restart} of 2 \(max_restarts\): srun reported [^\n]*task {rank} on "
-                         rf"{socket.gethostname()}: Killed[^\n]*; every rank ended, and all start again from "
+    for restart, ((_, _, _, checkpoint), how) in enumerate(zip(FAULTS, ("Killed", "Exited with exit code 124"),
+                                                                strict=True), start=1):
+        assert re.search(rf"deepy.py: restart {restart} of 2 \(max_restarts\): srun reported [^\n]*task 0 on "
+                         rf"{socket.gethostname()}: {how}[^\n]*; every rank ended, and all start again from "
                          rf"{tmp_path}/checkpoints/{checkpoint} ", text), text
     assert_equals_the_uninterrupted_run(tmp_path, restart_reference)
 

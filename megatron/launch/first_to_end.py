@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import BinaryIO, TextIO
 
+from megatron.config.run_inputs import HUNG
+
 FIRST_TO_END = re.compile(r"(?:^|\n)(?:(?:(?P<host>[\w.-]+): )?[^\n]*sigkill_handler\][^\n]*--local_rank=(?P<rank>\d+)"
                           r"|local_ranks: local rank (?P<local>\d+) ended first with)"
                           r"[^\n]*return code = (?P<code>-?\d+)")
@@ -77,6 +79,8 @@ class FirstRankToEnd:
 def describe_end(local_rank: int, code: int, host: str | None = None, why_killed: str | None = None) -> str:
     """'local rank 1 on host-a was the first to end: killed by SIGKILL[, WHY_KILLED]'."""
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    if code == HUNG:
+        how += " (a hang: the 'hang:' line names the ranks that did not arrive)"
     if why_killed:
         how = f"{how}, {why_killed}"
     where = f" on {host}" if host else ""
