@@ -13,11 +13,12 @@ export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
 install: $(STAMP)
 
-# torch is pinned to the CPU build (requirements.txt); see README for GPU installs. --no-compile: Python writes the
-# bytecode of what is imported on first use, instead of pip compiling every installed module (31 of 65 CPU-seconds).
+# torch is pinned to the CPU build (requirements.txt); see README for GPU installs. pip compiles the bytecode here:
+# with PYTHONDONTWRITEBYTECODE set (as on this project's CI machines) nothing else would, and every process would
+# compile torch from source (--no-compile made `make test` 31 min instead of 20).
 $(STAMP): $(REQUIREMENTS) pyproject.toml
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile $(foreach r,$(REQUIREMENTS),-r $(r))
+	$(PY) -m pip install --quiet --disable-pip-version-check $(foreach r,$(REQUIREMENTS),-r $(r))
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
