@@ -59,6 +59,10 @@ def logged_lines(run_dir: Path) -> int:
     return metrics.read_text().count("\n") if metrics.is_file() else 0
 
 
+def printed_iterations(log: Path) -> int:
+    return len(re.findall(r"^ *iteration +\d+/\d+ \|", log.read_text(), re.MULTILINE)) if log.is_file() else 0
+
+
 def saving(checkpoints: Path, since: float) -> bool:
     """A checkpoint is being written: its temporary directory has files written after `since` (not ones an
     earlier kill left)."""
@@ -106,8 +110,10 @@ def test_killed_and_preempted_run_resumes_to_the_uninterrupted_losses(layout, de
     job.kill()
     assert saving(checkpoints, started), f"the kill came after the save completed ({context})"
 
-    lines_before, job = logged_lines(run_dir), start()
-    wait_until(lambda: logged_lines(run_dir) > lines_before, job)
+    # the job's own iteration lines, not metrics.jsonl's: the resumed run first drops the records the killed
+    # attempt logged after its checkpoint, so a count of those lines would let it reach its last iterations first
+    printed_before, job = printed_iterations(log), start()
+    wait_until(lambda: printed_iterations(log) > printed_before, job)
     preemption_signal = LAYOUTS[layout][1]
     os.kill(int((run_dir / f"pid_{rng.randrange(2)}").read_text()), preemption_signal)
     assert job.wait() == 0, log.read_text()
