@@ -3,7 +3,7 @@
     python tools/grow_checkpoint.py --load CKPT_DIR [--tag global_stepN] --save NEW_DIR \\
         --config TARGET.yml [more.yml ...] [--qkv-slot-num N] [--proj-slot-num N] [--ffn-slot-num N] \\
         [--growth-mode preserve|official] [--norm-token-count old|new] [--reset-optimizer | --carry-optimizer] \
-        [--zero-new-values] [--reset-iteration] [--allow-shrink]
+        [--zero-new-values] [--reset-iteration | --keep-iteration] [--allow-shrink]
 
 TARGET.yml is the next stage's run config: its qkv_slot_num / proj_slot_num / ffn_slot_num (or the flags)
 give the new token counts, its model_parallel_size / pipe_parallel_size the new layout, its seed the new
@@ -15,7 +15,8 @@ model (√n of the new count), optimizer state dropped and iteration 0. preserve
 keys are zero and the normalisation keeps the old n, so the grown model computes the same function; the Adam
 state is carried over (new tokens' moments zero) and the iteration and LR schedule continue. --norm-token-count
 and --reset-optimizer / --carry-optimizer (or the config's growth_norm_token_count and growth_optimizer) change
-one of these at a time; docs/growth.md compares the modes. Train from NEW_DIR with `load: NEW_DIR` and the
+one of these at a time, and --keep-iteration continues an official growth's iteration (as growth_schedule does
+inside a run); docs/growth.md compares the modes. Train from NEW_DIR with `load: NEW_DIR` and the
 target config; nothing else to set.
 
 The source is only read; its files are checked against its manifest while growing, and nothing is published
@@ -80,7 +81,7 @@ def _layout(config) -> str:
 
 def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: str | None = None,
                     slot_overrides: dict[str, int | None] | None = None, *, zero_new_values: bool = False,
-                    optimizer: str | None = None, reset_iteration: bool = False, allow_shrink: bool = False,
+                    optimizer: str | None = None, reset_iteration: bool | None = None, allow_shrink: bool = False,
                     growth_mode: str | None = None, norm: str | None = None,
                     announce: Callable[[str], None] | None = None) -> tuple[Path, GrowthPlan]:
     """Write the grown (or re-sharded) checkpoint of `load` into `save`; its tag directory and the plan.
@@ -96,7 +97,7 @@ def grow_checkpoint(load: Path, save: Path, configs: Sequence[str | Path], tag: 
 
 def _summary(tag_dir: Path, plan: GrowthPlan, seconds: float, args: argparse.Namespace) -> str:
     size = sum(path.stat().st_size for path in tag_dir.rglob("*") if path.is_file())
-    why = "growth mode official" if plan.resets_iteration else None
+    why = "growth mode official" if plan.resets_iteration and args.reset_iteration is None else None
     if plan.resets_optimizer:
         optimizer = "dropped"
     elif read_checkpoint(tag_dir).optimizer_step is None:
@@ -143,8 +144,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
     optimizer.add_argument("--carry-optimizer", dest="optimizer", action="store_const", const="carry",
                            help="grow the Adam state: the old tokens' moments and step kept, the new tokens' zero "
                            "(default with growth_mode preserve)")
-    parser.add_argument("--reset-iteration", action="store_true",
-                        help="start at iteration 0 (LR schedule and data from the start) instead of continuing")
+    iteration = parser.add_mutually_exclusive_group()
+    iteration.add_argument("--reset-iteration", action="store_const", const=True,
+                           help="start at iteration 0 (LR schedule and data from the start) instead of continuing "
+                           "(default with growth_mode official)")
+    iteration.add_argument("--keep-iteration", dest="reset_iteration", action="store_const", const=False,
+                           help="continue the iteration, LR schedule and data position (default with growth_mode "
+                           "preserve)")
     parser.add_argument("--allow-shrink", action="store_true",
                         help="allow fewer tokens than the source: drops each Pattention's last tokens (lossy)")
     args = parser.parse_args(argv)

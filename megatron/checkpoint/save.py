@@ -37,6 +37,7 @@ from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, opti
 from megatron.checkpoint.growth_record import write_growth_record
 from megatron.checkpoint.pruning import delete_old_checkpoints, set_aside_if_damaged
 from megatron.checkpoint.rng_state import capture_rng_state
+from megatron.growth.schedule import growth_iterations
 
 
 def checkpoint_tag(iteration: int) -> str:
@@ -47,7 +48,8 @@ def should_save(cfg, iteration: int) -> bool:
     if not cfg.save:
         return False
     periodic = cfg.checkpoint_factor and iteration % cfg.checkpoint_factor == 0
-    return bool(periodic or iteration in (cfg.extra_save_iters or ()) or iteration == cfg.train_iters)
+    before_growth = iteration in growth_iterations(cfg)  # the model before a scheduled growth (growth/schedule.py)
+    return bool(periodic or before_growth or iteration in (cfg.extra_save_iters or ()) or iteration == cfg.train_iters)
 
 
 def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_record: dict | None = None) -> Path:

@@ -350,6 +350,14 @@ _CHECKPOINT = (
         "The n of Θ's sqrt(n) after growth: old (the source's, which keeps the function of the l2 variants) or new "
         "(the grown token count, as a model of that size from scratch: the function changes). Unset: the growth "
         "mode's (preserve old, official new).", choices=("old", "new")),
+    Key("growth_schedule", list, None, "checkpoint",
+        "Grow the parameter tokens inside the running job: a list of {iteration, qkv_slot_num, proj_slot_num, "
+        "ffn_slot_num} (counts left out stay as they were). After each listed iteration the run saves a checkpoint "
+        "of the model before growth, grows every rank's shards as tools/grow_checkpoint.py grows a checkpoint "
+        "(growth_mode, growth_optimizer and growth_norm_token_count as for the tool), rebuilds the engine and goes "
+        "on with the same data, iteration count and LR schedule; a resume builds the model grown as listed before "
+        "its iteration. The config's own slot counts are the model the run starts with. docs/growth.md.",
+        item=dict),
     Key("eval_ckpt", str, None, "checkpoint",
         "Weights file generate.py and eval.py load instead of `load`: the official release's pytorch_model.bin "
         "or an export (model.safetensors, pytorch_model.bin; docs/inference.md)."),

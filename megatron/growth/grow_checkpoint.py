@@ -42,13 +42,14 @@ def computed_ahead(items: Iterator[Item], ahead: int = 2) -> Iterator[Item]:
 
 def write_grown_checkpoint(tag_dir: Path, save: Path, target: Config, given: Collection[str] = (),
                            slot_overrides: dict[str, int | None] | None = None, *, zero_new_values: bool = False,
-                           optimizer: str | None = None, reset_iteration: bool = False, allow_shrink: bool = False,
-                           growth_mode: str | None = None, norm: str | None = None,
+                           optimizer: str | None = None, reset_iteration: bool | None = None,
+                           allow_shrink: bool = False, growth_mode: str | None = None, norm: str | None = None,
                            announce: Callable[[str], None] | None = None) -> tuple[Path, GrowthPlan]:
     """Write checkpoint `tag_dir` grown (or re-sharded) into the model and layout `target` describes into the
     new directory `save`; its tag directory and the plan. `given`: the keys the user set (for the note on the
     default growth mode). `growth_mode`, `norm` ("old"/"new") and `optimizer` ("carry"/"reset"), where given,
-    override the config's; `announce` is given the line saying that the default chose the growth mode, where
+    override the config's; `reset_iteration` None restarts the iteration where the mode does (official growth), True
+    or False always or never; `announce` is given the line saying that the default chose the growth mode, where
     it did, before growing. Whatever is raised, `save` is removed if this call created it."""
     created = not save.exists()
     with ThreadPoolExecutor(1) as pool:
@@ -67,7 +68,7 @@ def write_grown_checkpoint(tag_dir: Path, save: Path, target: Config, given: Col
 
 def _grow(source: SourceCheckpoint, save: Path, target: Config, given: Collection[str],
           slot_overrides: dict[str, int | None] | None, verified: Callable[[], None], *, zero_new_values: bool,
-          optimizer: str | None, reset_iteration: bool, allow_shrink: bool, growth_mode: str | None,
+          optimizer: str | None, reset_iteration: bool | None, allow_shrink: bool, growth_mode: str | None,
           norm: str | None, announce: Callable[[str], None] | None) -> tuple[Path, GrowthPlan]:
     """write_grown_checkpoint's work, publishing only after `verified()` returned (it raises for a corrupt
     source)."""
@@ -77,7 +78,7 @@ def _grow(source: SourceCheckpoint, save: Path, target: Config, given: Collectio
     if note and announce:
         announce(note)
     reset_optimizer = plan.resets_optimizer
-    reset_iteration = reset_iteration or plan.resets_iteration
+    reset_iteration = plan.resets_iteration if reset_iteration is None else reset_iteration
     iteration = 0 if reset_iteration else source.iteration
     record = plan.growth_record(read_growth_record(source.tag_dir))
     writer = CheckpointWriter(

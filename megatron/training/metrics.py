@@ -8,7 +8,8 @@ records an earlier attempt logged after the checkpoint it resumes (it logs those
 record cut short by a kill, rewriting the file atomically. An eval_only run may share the log_dir of a live
 run, whose file it does not own: it only appends whole lines. deepy.py appends a "restart" record (no lm_loss)
 for each restart (launch/restarts.py, host/metrics_file.py), at the iteration the restart resumes from, which the
-resumed run keeps.
+resumed run keeps. A growth inside the run (growth_schedule) logs a "growth" record at its iteration; a run resuming
+that iteration's checkpoint (the model before the growth) drops it and grows again.
 TensorBoard gets a folder per run under tensorboard_dir.
 """
 
@@ -50,8 +51,9 @@ def _settle(path: Path, resumed_at: int | None) -> None:
         record = _record(line)
         if record is None:
             cut_bytes += len(line)
-        elif resumed_at is not None and isinstance(record.get("iteration"), int) and record["iteration"] > resumed_at:
-            superseded += 1
+        elif resumed_at is not None and isinstance(record.get("iteration"), int) and (
+                record["iteration"] > resumed_at or (record["iteration"] == resumed_at and record.get("split") == "growth")):
+            superseded += 1  # a growth at the iteration resumed from comes after its checkpoint: it happens again
         else:
             kept.append(line.decode("utf-8"))
     if len(kept) == len(lines) and not tail:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
+import re
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -15,6 +17,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
 from megatron import mpu
+from megatron.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from megatron.checkpoint.save import save_checkpoint, should_save
 from megatron.checkpoint.save_lock import hold_save_directory_for_the_run
 from megatron.checkpoint.selection import resume_tag
@@ -24,10 +27,13 @@ from megatron.formats.consolidated import CONFIG_NAME, read_config
 from megatron.formats.deepspeed.compatibility import architecture_problems, holds_weights_only, tensor_problems
 from megatron.formats.deepspeed.reader import open_checkpoint, read_checkpoint
 from megatron.formats.deepspeed.resume import load_checkpoint
-from megatron.growth.freezing import freeze_old_param_tokens, restart_fp32_masters, run_growth
+from megatron.growth.freezing import RunGrowth, freeze_old_param_tokens, restart_fp32_masters, run_growth
 from megatron.growth.norm_ramp import NormRampApplier, norm_ramp
+from megatron.growth.online import growth_line, growth_metrics, online_growth_record
 from megatron.growth.partial_init import grow_into
+from megatron.growth.plan import plan_growth
 from megatron.growth.reshard_on_resume import tag_for_this_layout
+from megatron.growth.schedule import GrowthSchedule, ScheduledGrowth
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.compile import compile_backend, compile_layers
 from megatron.model.pipeline import build_pipeline
@@ -122,17 +128,20 @@ class Trainer:
         if cfg.save and not cfg.eval_only:
             command = " ".join([cfg.user_script or "train.py", *(cfg.config_files or ())])
             hold_save_directory_for_the_run(cfg.save, command)
+        self.growth_schedule = GrowthSchedule.from_config(cfg)
         # Collective; verifies every file of the chosen checkpoint, so it is done once.
-        tag = tag_for_this_layout(cfg, resume_tag(cfg.load), mpu.get_data_parallel_world_size())
+        found = resume_tag(cfg.load)
+        if found is not None and self.growth_schedule.growths:  # the model that checkpoint holds
+            step = re.match(r"global_step(\d+)", found)
+            self.cfg = cfg = self.growth_schedule.config_at(int(step.group(1)) if step else 0)
+        tag = tag_for_this_layout(cfg, found, mpu.get_data_parallel_world_size())
         self.growth = run_growth(cfg, tag)
-        deepspeed_step = lean_step_problem(cfg, get_accelerator().device_name())
-        self.engine, self.optimizer, self.model_args = setup_model_and_engine(
-            cfg, self.growth.frozen, lean=deepspeed_step is None)
+        self._build_engine()
         self.schedule = LRSchedule.from_config(cfg)
         self.splits = build_datasets(cfg)
         self.state = RunState()
-        self.nonfinite_steps = NonFiniteSteps(self.engine, cfg, agreed=deepspeed_step is None)
         self.exit_conditions = ExitConditions(cfg, self.engine.device)
+        self.last_checkpoint = None if tag is None else Path(cfg.load) / tag
         if tag is not None and holds_weights_only(Path(cfg.load) / tag):
             tag_dir = Path(cfg.load) / tag
             raise_if_any(tensor_problems(tag_dir, cfg, cfg.padded_vocab_size, saved_layout=True)
@@ -158,18 +167,59 @@ class Trainer:
             self.growth = self.growth.grown_here(norms)
             print_rank_0(f"started from {cfg.pretrain_partial_init} grown to this model (pretrain_partial_init)")
         self.metrics = MetricsWriter(cfg, dist.get_rank(), resumed_at=self.state.iteration)
-        # After loading: DeepSpeed's own load works on its step's state.
-        self.train_step = training_step_for(self.engine, cfg, deepspeed_step)
-        print_rank_0(f"training step: DeepSpeed's ({deepspeed_step})" if deepspeed_step else
+        self._after_load()
+        print_rank_0(f"training step: DeepSpeed's ({self.deepspeed_step})" if self.deepspeed_step else
                      "training step: lean (megatron/training/lean_step.py)")
+        if self.utilization.unknown_device:
+            print_rank_0(f"MFU is not logged: {self.utilization.unknown_device!r} is not in the table of dense bf16 "
+                         "peaks (megatron/training/utilization.py); set peak_tflops to its dense bf16 TFLOP/s")
+
+    def _build_engine(self) -> None:
+        """The engine (and what holds it) for the model `self.cfg` describes, before any state is loaded."""
+        cfg = self.cfg
+        self.deepspeed_step = lean_step_problem(cfg, get_accelerator().device_name())
+        self.engine, self.optimizer, self.model_args = setup_model_and_engine(
+            cfg, self.growth.frozen, lean=self.deepspeed_step is None)
+        self.nonfinite_steps = NonFiniteSteps(self.engine, cfg, agreed=self.deepspeed_step is None)
+
+    def _after_load(self) -> None:
+        """What is built from the loaded engine: DeepSpeed's own load works on its step's state."""
+        cfg = self.cfg
+        self.train_step = training_step_for(self.engine, cfg, self.deepspeed_step)
         ramp = norm_ramp(cfg, self.growth.record)
         self.norm_ramp = None if ramp is None else NormRampApplier(self.engine.module, ramp)
         self.utilization = Utilization(
             get_accelerator(), flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations),
             flops_per_token(self.model_args, include_recompute=False), dist.get_world_size(), cfg.peak_tflops)
-        if self.utilization.unknown_device:
-            print_rank_0(f"MFU is not logged: {self.utilization.unknown_device!r} is not in the table of dense bf16 "
-                         "peaks (megatron/training/utilization.py); set peak_tflops to its dense bf16 TFLOP/s")
+
+    def _grow(self, growth: ScheduledGrowth) -> None:
+        """Collective: grow the model at a scheduled iteration (growth/online.py), from the checkpoint saved at
+        it, into an engine built at the new counts; the random generators, the engine's step counters and
+        everything else the run carries go on as they were."""
+        started, state = time.perf_counter(), self.state
+        source_dir = self.last_checkpoint
+        if source_dir is None or re.fullmatch(rf"global_step{state.iteration}(-.*)?", source_dir.name) is None:
+            raise RuntimeError(f"growth at iteration {state.iteration}: its checkpoint was not saved ({source_dir})")
+        generators = capture_rng_state()
+        counters = {name: getattr(self.engine, name) for name in ("global_steps", "global_samples", "skipped_steps")}
+        source = read_checkpoint(source_dir)
+        self.cfg = cfg = self.growth_schedule.config_at(state.iteration + 1)
+        self.engine.destroy()
+        del self.engine, self.optimizer, self.train_step, self.nonfinite_steps, self.norm_ramp
+        gc.collect()
+        get_accelerator().empty_cache()
+        self._build_engine()
+        plan = plan_growth(source.config, cfg)
+        norms = grow_into(self.engine, cfg, source)
+        for name, value in counters.items():
+            setattr(self.engine, name, value)
+        record = online_growth_record(plan, self.growth.record, source_dir, norms, state.iteration)
+        self.growth = RunGrowth(record)
+        self._after_load()
+        restore_rng_state(generators)
+        seconds = time.perf_counter() - started
+        self.metrics.write(growth_metrics(state.iteration, plan, seconds))
+        print_rank_0(growth_line(state.iteration, plan, seconds))
 
     def _warn_on_a_schedule_change(self, tag_dir: Path, iteration: int) -> None:
         saved = tag_dir / CONFIG_NAME
@@ -225,6 +275,12 @@ class Trainer:
         unwatched = watch.paused if watch is not None else contextlib.nullcontext
         window_start, window_steps, first_window = self.train_start, 0, True
         while state.iteration < until:
+            growth = self.growth_schedule.at(state.iteration)
+            if growth is not None:  # after the checkpoint saved at this iteration, which holds the model before it
+                with unwatched():
+                    self._grow(growth)
+                cfg = self.cfg  # the grown model's: its checkpoints' config.json
+                window_start, window_steps, first_window = time.perf_counter(), 0, True
             with phase(BOOKKEEPING):
                 lr = self.schedule.apply(self.optimizer, state.iteration)
                 if self.norm_ramp is not None:
@@ -250,8 +306,8 @@ class Trainer:
                 if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
                     self.evaluate()
                 if should_save(cfg, state.iteration):
-                    save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
-                                    self.growth.record_to_save())
+                    self.last_checkpoint = save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
+                                                           self.growth.record_to_save())
             if logged:  # the next interval's time is training alone: evaluation and saving are not in it
                 window_start = time.perf_counter()
             with phase(BOOKKEEPING):  # timed: its all-reduce is a collective of every step
@@ -268,8 +324,8 @@ class Trainer:
             return False
         if cfg.save and not should_save(cfg, state.iteration):
             with unwatched():
-                save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
-                                self.growth.record_to_save())
+                self.last_checkpoint = save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
+                                                       self.growth.record_to_save())
         saved = f"; checkpoint saved in {cfg.save}" if cfg.save else "; no checkpoint (save is not set)"
         print_rank_0(f"exiting after iteration {state.iteration}: {state.exit_reason}{saved}")
         return True
