@@ -58,6 +58,13 @@ def test_a_truncated_checkpoint_is_set_aside_and_the_older_intact_one_kept(tmp_p
     assert names(tmp_path) == ["global_step20.damaged", "global_step30", "global_step40"]
 
 
+def test_the_model_before_a_scheduled_growth_is_neither_counted_nor_deleted(tmp_path):
+    for step in (10, 20, 30, 40):
+        checkpoint(tmp_path, step)
+    delete_old_checkpoints(tmp_path, keep=2, newest=40, lineage=[20])
+    assert names(tmp_path) == ["global_step20", "global_step30", "global_step40"]
+
+
 def test_one_refused_at_resume_is_not_counted_either(tmp_path, capsys):
     for step in (10, 20):
         checkpoint(tmp_path, step)

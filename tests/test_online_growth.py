@@ -4,7 +4,8 @@ The offline path is the one users had: the run's checkpoint saved at the growth 
 tools/grow_checkpoint.py's code (continuing the iteration), resumed with the grown config. Online, the same
 job saves that checkpoint, grows and trains on; the losses after the growth must be the offline run's
 (fp32 on CPU, no dropout: bitwise, checked within 1e-6 relative), on data-parallel 2 with ZeRO-1 (tests/tiny.yml),
-tensor-parallel 2 and pipeline-parallel 2, in each growth mode and with Adam's state carried or reset. A resume of
+tensor-parallel 2 and pipeline-parallel 2, in each growth mode and with Adam's state carried or reset, with norm_token_count_ramp_iters and with compiled
+layers. A resume of
 the checkpoint saved at the growth (what a kill during the growth leaves: that checkpoint is committed before the
 growth starts) grows again; a resume of a later one builds the grown model; both continue the same losses.
 """
@@ -31,6 +32,8 @@ MODES = {  # growth keys beside preserve with Adam carried (tests/tiny.yml's gro
     "official": ["growth_mode=official"],
     "official_carried": ["growth_mode=official", "growth_optimizer=carry"],
     "preserve_reset": ["growth_optimizer=reset"],
+    "preserve_ramp": ["norm_token_count_ramp_iters=3"],  # n of √n moves from the old count to the new after it
+    "preserve_compiled": ["compile={enable: true, backend: aot_eager}"],  # the grown layers compiled anew
 }
 RELATIVE_TOLERANCE = 1e-6
 
@@ -102,10 +105,11 @@ def test_online_growth_equals_the_grow_tool_and_a_resume(layout, demo_data, data
 @pytest.mark.parametrize("mode", MODES)
 def test_each_growth_mode_and_optimizer_choice_equals_the_offline_path(mode, demo_data, tmp_path):
     online = grow_online(demo_data, tmp_path / "online", 1, *MODES[mode])
-    assert_same_after_growth(online, grow_offline(demo_data, tmp_path / "online", tmp_path / "offline", 1, *MODES[mode]))
+    offline = grow_offline(demo_data, tmp_path / "online", tmp_path / "offline", 1, *MODES[mode])
+    assert_same_after_growth(online, offline)
     growth = next(r for r in read_metrics(tmp_path / "online" / "logs") if r["split"] == "growth")
     expected = {"official": ("official", "reset", "new"), "official_carried": ("official", "carry", "new"),
-                "preserve_reset": ("preserve", "reset", "old")}[mode]
+                "preserve_reset": ("preserve", "reset", "old")}.get(mode, ("preserve", "carry", "old"))
     assert (growth["growth_mode"], growth["growth_optimizer"], growth["growth_norm_token_count"]) == expected
 
 
@@ -140,7 +144,8 @@ def schedule_error(*extra: str) -> str:
     (["growth_schedule=[{iteration: 10, ffn_slot_num: 128}]"], "entry 1 shrinks the model (ffn_slot_num 256 -> 128)"),
     (["growth_schedule=[{iteration: 10, ffn_slot_num: 511}]", "model_parallel_size=2"],
      "ffn_slot_num 511 is not divisible by model_parallel_size 2"),
-    (["growth_schedule=[{iteration: 10, ffn_slot_num: 512}]", "model_type=transformer"], "model_type transformer has none"),
+    (["growth_schedule=[{iteration: 10, ffn_slot_num: 512}]", "model_type=transformer"],
+     "model_type transformer has none"),
     (["growth_schedule=[{iteration: 10, ffn_slot_num: 512}]", "norm_activation_type=softmax"],
      "growth_mode preserve: norm_activation_type softmax cannot grow"),
     (["growth_schedule=[{iteration: 10, ffn_slot_num: 256}]"], "entry 1 grows nothing"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 from megatron.checkpoint.commit import CHECKPOINT_TAG, STAGING_PREFIX
@@ -58,11 +59,12 @@ def set_aside_if_damaged(save_dir: Path, tag: str) -> None:
         _set_aside(path, why, f"while this run saves {tag} anew")
 
 
-def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
+def delete_old_checkpoints(save_dir: Path, keep: int, newest: int, lineage: Collection[int] = ()) -> None:
     """Rank 0, after `global_step{newest}` was committed: keep the `keep` newest checkpoints up to it that can be
-    resumed from, set damaged ones aside, delete the rest. Later ones (left by a run this one resumed from an
-    earlier point of) are not ours to judge. Each is renamed out of sight before it is deleted, so a kill
-    mid-delete leaves no half checkpoint under a visible name."""
+    resumed from, set damaged ones aside, delete the rest. Those at the `lineage` iterations (the models before a
+    scheduled growth, growth/schedule.py) are neither counted nor deleted. Later ones (left by a run this one
+    resumed from an earlier point of) are not ours to judge. Each is renamed out of sight before it is deleted, so
+    a kill mid-delete leaves no half checkpoint under a visible name."""
     if not is_rank_0():
         return
     steps = sorted((int(m.group(1)), path) for path in save_dir.iterdir()
@@ -71,10 +73,11 @@ def delete_old_checkpoints(save_dir: Path, keep: int, newest: int) -> None:
     for step, path in steps:
         why = None if step == newest else _damage(path)  # the newest was just written and verified by commit
         if why is None:
-            usable.append(path)
+            usable.append((step, path))
         else:
             _set_aside(path, why, f"and not counted among keep_last_n_checkpoints={keep}")
-    for path in usable[:-keep]:
+    counted = [path for step, path in usable if step not in lineage]
+    for path in counted[:-keep]:
         for gone in [path, *save_dir.glob(f"{path.name}-tp*pp*dp*")]:  # and its copies re-sharded on resume
             doomed = gone.with_name(f"{STAGING_PREFIX}deleted-{gone.name}")
             gone.rename(doomed)

@@ -22,6 +22,7 @@ to the newest intact checkpoint (selection.py).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -37,7 +38,6 @@ from megatron.checkpoint.engine_optimizer import OPTIMIZER_PARAMETER_NAMES, opti
 from megatron.checkpoint.growth_record import write_growth_record
 from megatron.checkpoint.pruning import delete_old_checkpoints, set_aside_if_damaged
 from megatron.checkpoint.rng_state import capture_rng_state
-from megatron.growth.schedule import growth_iterations
 
 
 def checkpoint_tag(iteration: int) -> str:
@@ -48,14 +48,15 @@ def should_save(cfg, iteration: int) -> bool:
     if not cfg.save:
         return False
     periodic = cfg.checkpoint_factor and iteration % cfg.checkpoint_factor == 0
-    before_growth = iteration in growth_iterations(cfg)  # the model before a scheduled growth (growth/schedule.py)
-    return bool(periodic or before_growth or iteration in (cfg.extra_save_iters or ()) or iteration == cfg.train_iters)
+    return bool(periodic or iteration in (cfg.extra_save_iters or ()) or iteration == cfg.train_iters)
 
 
-def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_record: dict | None = None) -> Path:
+def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_record: dict | None = None,
+                    lineage: Collection[int] = ()) -> Path:
     """Collective: write `global_stepN` under a temporary name, then publish it (commit.py).
 
-    `growth_record`: the growth.json of a run continuing a grown model (growth_record.py), carried forward."""
+    `growth_record`: the growth.json of a run continuing a grown model (growth_record.py), carried forward;
+    `lineage`: the iterations whose checkpoints keep_last_n_checkpoints keeps (the models before growths)."""
     save_dir, tag = Path(cfg.save), checkpoint_tag(iteration)
     remove_interrupted_saves(save_dir)
     set_aside_if_damaged(save_dir, tag)
@@ -71,6 +72,6 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_samples: int, growth_r
                 write_growth_record(staging, growth_record)
         directory = commit(save_dir, tag)
     if cfg.keep_last_n_checkpoints:
-        delete_old_checkpoints(save_dir, cfg.keep_last_n_checkpoints, newest=iteration)
+        delete_old_checkpoints(save_dir, cfg.keep_last_n_checkpoints, newest=iteration, lineage=lineage)
     dist.barrier()
     return directory

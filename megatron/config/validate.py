@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron.cli import InputError
+from megatron.config.growth_schedule import schedule_problem
 from megatron.config.schema import SCHEMA, TOKEN_COUNT_KEYS, Key
 
 
@@ -358,12 +359,6 @@ def _samples_can_be_counted(v: Mapping[str, Any]) -> str | None:
             "set the number of optimizer steps to train for")
 
 
-def _growth_schedule_applies(v: Mapping[str, Any]) -> str | None:
-    from megatron.growth.schedule import schedule_problem
-
-    return schedule_problem(v)
-
-
 RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _heads_divide_hidden,
     _tensor_parallel_splits_evenly,
@@ -382,7 +377,7 @@ RULES: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     _compile_section_is_known,
     _samples_can_be_counted,
     _restarts_resume_the_run,
-    _growth_schedule_applies,
+    schedule_problem,
 )
 
 

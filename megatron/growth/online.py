@@ -29,7 +29,7 @@ def online_growth_record(plan: GrowthPlan, previous: dict | None, source_dir: Pa
 
 
 def growth_line(iteration: int, plan: GrowthPlan, seconds: float) -> str:
-    """e.g. 'grew at iteration 2000: qkv 256→512, proj 256→512, ffn 1024→2048 (preserve, Adam carried) in 3.1 s'."""
+    """e.g. 'grew at iteration 2000: qkv 256→512, proj 256→512, ffn 1024→2048 (preserve, Adam carried) in 3.1 s'"""
     counts = ", ".join(f"{key.removesuffix('_slot_num')} {plan.old_tokens[key]}→{plan.new_tokens[key]}"
                        for key in slot_keys())
     how = [plan.mode, "Adam reset" if plan.resets_optimizer else "Adam carried"]

@@ -52,7 +52,8 @@ def _settle(path: Path, resumed_at: int | None) -> None:
         if record is None:
             cut_bytes += len(line)
         elif resumed_at is not None and isinstance(record.get("iteration"), int) and (
-                record["iteration"] > resumed_at or (record["iteration"] == resumed_at and record.get("split") == "growth")):
+                record["iteration"] > resumed_at
+                or (record["iteration"] == resumed_at and record.get("split") == "growth")):
             superseded += 1  # a growth at the iteration resumed from comes after its checkpoint: it happens again
         else:
             kept.append(line.decode("utf-8"))

@@ -186,7 +186,8 @@ class Trainer:
         """What is built from the loaded engine: DeepSpeed's own load works on its step's state."""
         cfg = self.cfg
         self.train_step = training_step_for(self.engine, cfg, self.deepspeed_step)
-        ramp = norm_ramp(cfg, self.growth.record)
+        before_any_growth = self.growth.record is None and self.growth_schedule.growths  # the ramp starts at one
+        ramp = None if before_any_growth else norm_ramp(cfg, self.growth.record)
         self.norm_ramp = None if ramp is None else NormRampApplier(self.engine.module, ramp)
         self.utilization = Utilization(
             get_accelerator(), flops_per_token(self.model_args, include_recompute=cfg.checkpoint_activations),
@@ -305,15 +306,24 @@ class Trainer:
             with unwatched():
                 if cfg.eval_interval and state.iteration % cfg.eval_interval == 0:
                     self.evaluate()
-                if should_save(cfg, state.iteration):
-                    self.last_checkpoint = save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
-                                                           self.growth.record_to_save())
+                if self._saves_at(state.iteration):
+                    self._save()
             if logged:  # the next interval's time is training alone: evaluation and saving are not in it
                 window_start = time.perf_counter()
             with phase(BOOKKEEPING):  # timed: its all-reduce is a collective of every step
                 stop = state.iteration < cfg.train_iters and self._stops_early(unwatched)
             if stop:
                 break
+
+    def _saves_at(self, iteration: int) -> bool:
+        """Whether the loop saves after `iteration`: as the config says, and before each scheduled growth."""
+        return should_save(self.cfg, iteration) or self.growth_schedule.at(iteration) is not None
+
+    def _save(self) -> None:
+        """Collective: a checkpoint of this iteration; the models before the schedule's growths are never pruned."""
+        self.last_checkpoint = save_checkpoint(
+            self.engine, self.cfg, self.state.iteration, self.state.consumed_samples, self.growth.record_to_save(),
+            lineage=[growth.iteration for growth in self.growth_schedule.growths])
 
     def _stops_early(self, unwatched: Callable[[], AbstractContextManager[None]]) -> bool:
         """Collective: on preemption, exit_interval or exit_duration_in_mins, save here (unless the loop just
@@ -322,10 +332,9 @@ class Trainer:
         state.exit_reason = self.exit_conditions.reason(state.iteration)
         if state.exit_reason is None:
             return False
-        if cfg.save and not should_save(cfg, state.iteration):
+        if cfg.save and not self._saves_at(state.iteration):
             with unwatched():
-                self.last_checkpoint = save_checkpoint(self.engine, cfg, state.iteration, state.consumed_samples,
-                                                       self.growth.record_to_save())
+                self._save()
         saved = f"; checkpoint saved in {cfg.save}" if cfg.save else "; no checkpoint (save is not set)"
         print_rank_0(f"exiting after iteration {state.iteration}: {state.exit_reason}{saved}")
         return True
