@@ -12,6 +12,7 @@ so a resume builds the model of the entries before its iteration (GrowthSchedule
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from megatron.config import Config
@@ -53,3 +54,12 @@ class GrowthSchedule:
 
     def at(self, iteration: int) -> ScheduledGrowth | None:
         return next((growth for growth in self.growths if growth.iteration == iteration), None)
+
+
+def config_for_checkpoint(cfg: Config, tag: str | None) -> Config:
+    """The config a run of `cfg` resumes checkpoint `tag` (global_stepN, or a re-sharded copy) with: `cfg` where it
+    has no schedule or starts afresh, else the model grown as listed before N (GrowthSchedule.config_at)."""
+    step = re.match(r"global_step(\d+)", tag or "")
+    if not cfg.growth_schedule or step is None:
+        return cfg
+    return GrowthSchedule.from_config(cfg).config_at(int(step.group(1)))

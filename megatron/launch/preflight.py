@@ -49,6 +49,7 @@ from megatron.formats.deepspeed.compatibility import (
 from megatron.growth.norm_ramp import norm_ramp, resumed_ramp_problem
 from megatron.growth.reshard_on_resume import (data_parallel_size, disk_problem, needs_reshard, resharded_line,
                                                resharded_tag)
+from megatron.growth.schedule import config_for_checkpoint
 from megatron.launch.hosts import is_local_host
 from megatron.launch.load_check import load_problem
 from megatron.launch.ports import is_free, master_port
@@ -74,6 +75,7 @@ def _resume_problems(cfg: Config, vocabulary: int, processes: int) -> list[str]:
         return [str(error)]
     if tag is None:
         return _norm_ramp_problems(cfg, None)
+    cfg = config_for_checkpoint(cfg, tag)  # with a growth schedule, the model grown as listed before it
     tag_dir = Path(cfg.load) / tag
     ramp = _norm_ramp_problems(cfg, tag_dir)
     if ramp:
@@ -94,11 +96,12 @@ def _norm_ramp_problems(cfg: Config, tag_dir: Path | None) -> list[str]:
     """norm_token_count_ramp_iters needs where its ramp starts: the growth record of the checkpoint resumed, or the
     growth pretrain_partial_init makes when there is none. A checkpoint saved mid-ramp is resumed on the same ramp,
     whether or not this run sets one."""
-    if tag_dir is None and (not cfg.norm_token_count_ramp_iters or cfg.pretrain_partial_init):
+    if tag_dir is None and (not cfg.norm_token_count_ramp_iters or cfg.pretrain_partial_init or cfg.growth_schedule):
         return []
     try:
         record = None if tag_dir is None else read_growth_record(tag_dir)
-        norm_ramp(cfg, record)
+        if record is not None or not cfg.growth_schedule:  # else the ramp starts at the schedule's first growth
+            norm_ramp(cfg, record)
         problem = None if tag_dir is None else resumed_ramp_problem(cfg, tag_dir, record)
     except (ConfigError, GrowthRecordError) as error:
         return [f"{tag_dir or 'load'}: {error}"]
@@ -155,7 +158,7 @@ def reshard_before_launch(cfg: Config, processes: int) -> str | None:
         tag, _ = tag_to_resume_before_launch(cfg.load)
     except CheckpointRefused as error:
         raise ConfigError(str(error)) from None
-    return resharded_line(cfg, tag, processes)
+    return resharded_line(config_for_checkpoint(cfg, tag), tag, processes)
 
 
 def launches_here(cfg: Config, slots: Slots) -> bool:

@@ -33,7 +33,7 @@ from megatron.growth.online import growth_line, growth_metrics, online_growth_re
 from megatron.growth.partial_init import grow_into
 from megatron.growth.plan import plan_growth
 from megatron.growth.reshard_on_resume import tag_for_this_layout
-from megatron.growth.schedule import GrowthSchedule, ScheduledGrowth
+from megatron.growth.schedule import GrowthSchedule, ScheduledGrowth, config_for_checkpoint
 from megatron.model import TokenFormerArgs, TokenFormerModel, flops_per_token
 from megatron.model.compile import compile_backend, compile_layers
 from megatron.model.pipeline import build_pipeline
@@ -131,9 +131,7 @@ class Trainer:
         self.growth_schedule = GrowthSchedule.from_config(cfg)
         # Collective; verifies every file of the chosen checkpoint, so it is done once.
         found = resume_tag(cfg.load)
-        if found is not None and self.growth_schedule.growths:  # the model that checkpoint holds
-            step = re.match(r"global_step(\d+)", found)
-            self.cfg = cfg = self.growth_schedule.config_at(int(step.group(1)) if step else 0)
+        self.cfg = cfg = config_for_checkpoint(cfg, found)  # the model that checkpoint holds
         tag = tag_for_this_layout(cfg, found, mpu.get_data_parallel_world_size())
         self.growth = run_growth(cfg, tag)
         self._build_engine()
