@@ -24,8 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ON_CPU = ["fp16={enabled: false}", "seq_length=256", "train_micro_batch_size_per_gpu=1",
-          "gradient_accumulation_steps=1", "num_gpus=1", "eval_iters=0", "eval_interval=1000", "checkpoint_factor=1000",
-          "train_iters=3", "lr_decay_iters=3", "tokenizer_type=HFTokenizer", "compile=null"]
+          "gradient_accumulation_steps=1", "train_batch_size=1", "num_gpus=1", "eval_iters=0", "eval_interval=1000",
+          "checkpoint_factor=1000", "train_iters=3", "lr_decay_iters=3", "tokenizer_type=HFTokenizer", "compile=null"]
 
 
 def overrides(options, data: Path, tokenizer: Path, save: Path, *extra: str) -> list[str]:
@@ -36,7 +36,8 @@ def overrides(options, data: Path, tokenizer: Path, save: Path, *extra: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "150M.yml")
-    parser.add_argument("--factor", type=int, default=2, help="every slot count is multiplied by this")
+    parser.add_argument("--factor", type=float, default=2, help="every slot count is multiplied by this (rounded to "
+                        "a multiple of 64)")
     parser.add_argument("--workdir", type=Path, default=None, help="where data and checkpoints go (default: a "
                         "temporary folder, deleted at the end)")
     options = parser.parse_args()
@@ -52,7 +53,7 @@ def main() -> None:
     try:
         data, tokenizer = write_training_data(work / "data", documents=60)
         base = load_config([options.config], overrides(options, data, tokenizer, work / "online"), world_size=1)
-        grown = {key: getattr(base, key) * options.factor for key in slot_keys()}
+        grown = {key: round(getattr(base, key) * options.factor / 64) * 64 for key in slot_keys()}
         schedule = "growth_schedule=[{iteration: 1, " + ", ".join(f"{k}: {v}" for k, v in grown.items()) + "}]"
         trainer = Trainer(load_config([options.config], overrides(options, data, tokenizer, work / "online",
                                                                   schedule), world_size=1))
@@ -64,26 +65,31 @@ def main() -> None:
         record = next(json.loads(line) for line in (work / "online" / "logs" / "metrics.jsonl").read_text().splitlines()
                       if json.loads(line)["split"] == "growth")
         grown_parameters = sum(p.numel() for p in trainer.engine.module.parameters())
+        print(f"{options.config.name} on one CPU process, fp32: {parameters / 1e6:,.0f}M -> "
+              f"{grown_parameters / 1e6:,.0f}M parameters ({', '.join(f'{k} {v}' for k, v in grown.items())}); "
+              f"first iteration and save {first:.1f} s")
+        print(f"{'step':<58} {'seconds':>8}")
+        row("growth inside the run (read back, rebuild, grow)", record["seconds"])
         started = time.perf_counter()
         save_checkpoint(trainer.engine, trainer.cfg, 2, trainer.state.consumed_samples, trainer.growth.record_to_save())
-        save = time.perf_counter() - started
+        save = row("save of the grown model", time.perf_counter() - started)
         del trainer
         gc.collect()
         target = [f"{key}={value}" for key, value in grown.items()]
         started = time.perf_counter()
         Trainer(load_config([options.config], [*overrides(options, data, tokenizer, work / "online", *target),
                                                f"save={work / 'restarted'}"], world_size=1))
-        load = time.perf_counter() - started
+        load = row("a new Trainer loading it (engine, data, load)", time.perf_counter() - started)
     finally:
         if options.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{options.config.name} on one CPU process, fp32: {parameters / 1e6:,.0f}M -> {grown_parameters / 1e6:,.0f}M "
-          f"parameters (every slot count x{options.factor}); first iteration and save {first:.1f} s")
-    print(f"{'step':<58} {'seconds':>8}")
-    print(f"{'growth inside the run (read back, rebuild, grow)':<58} {record['seconds']:>8.1f}")
-    print(f"{'save of the grown model':<58} {save:>8.1f}")
-    print(f"{'a new Trainer loading it (engine, data, load)':<58} {load:>8.1f}")
     print(f"pause / (save + load) = {record['seconds'] / (save + load):.2f}")
+
+
+def row(step: str, seconds: float) -> float:
+    """Printed as soon as measured: a larger model may not survive the next step (the load's peak memory)."""
+    print(f"{step:<58} {seconds:>8.1f}", flush=True)
+    return seconds
 
 
 if __name__ == "__main__":
