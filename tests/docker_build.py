@@ -4,9 +4,11 @@ The build mostly waits on the network and the disk (Debian's archive, PyPI, unpa
 run the image test, tests/conftest.py starts it as the session begins and the rest of the suite runs meanwhile;
 the test then waits for it (or, run alone, starts it itself). The process installs podman, runc and debootstrap
 if missing, makes the Debian base image if missing (kept between runs), builds the project's image from the
-unchanged Dockerfile, and runs the unit tier in it at idle CPU priority: in a cgroup marked idle (cpu.idle, or
-the lowest weight), it takes only the cores the suite leaves idle, and the suite's runs keep theirs (a nice
-value alone would not do: the container runs in a cgroup, or an autogroup, of its own). It ends by writing
+unchanged Dockerfile, and runs the unit tier in it at a low CPU weight: in a cgroup of half the default weight
+(cpu.shares 512, cpu.weight 50) it gets about a third of the cores while the suite's two workers want them all,
+the whole of what they leave idle, and never nothing (a nice value alone would not do: the container runs in a
+cgroup, or an autogroup, of its own, which at the default weight takes half the machine; a cgroup marked idle
+starved it until its own tests' wall-clock timeouts failed: a two-rank fixture got no result in 300 s). It ends by writing
 WORK_DIR/result.json: the image's tag and the unit tier's exit status and output, or the step that failed with
 its command and the end of its output.
 
@@ -35,9 +37,9 @@ from tests import docker_image
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 BUILD_SECONDS = 2400
-# The tier takes about 4 CPU-minutes, but at idle priority it runs only where the suite leaves a core idle: on a
-# slow machine that can be after the suite's last multi-process test. A hung test prints every thread's stack
-# after HUNG_TEST_SECONDS (pytest's faulthandler_timeout), and the timeout's message shows the output's end.
+# The tier takes about 140 CPU-seconds here, 3-5 minutes at its low weight beside the suite; a slow machine may
+# take several times that. A hung test prints every thread's stack after HUNG_TEST_SECONDS (pytest's
+# faulthandler_timeout), and the timeout's message shows the output's end.
 UNIT_TIER_SECONDS = 3600
 HUNG_TEST_SECONDS = 300
 
@@ -96,17 +98,16 @@ def build(work_dir: Path, tag: str) -> None:
           cwd=REPO)
 
 
-def _idle_cgroup(name: str) -> bool:
-    """Make cgroup `name` idle for the CPU (cgroup v1's cpu hierarchy or v2's): cpu.idle where the kernel has it,
-    else the lowest weight. False where cgroups cannot be made or set here."""
-    v1, v2 = (Path("/sys/fs/cgroup/cpu"), ("cpu.shares", "2")), (Path("/sys/fs/cgroup"), ("cpu.weight", "1"))
-    for root, lowest in (v1, v2):
+def _low_weight_cgroup(name: str) -> bool:
+    """Make cgroup `name` (cgroup v1's cpu hierarchy or v2's) weigh half the default for the CPU. False where
+    cgroups cannot be made or set here."""
+    v1, v2 = (Path("/sys/fs/cgroup/cpu"), ("cpu.shares", "512")), (Path("/sys/fs/cgroup"), ("cpu.weight", "50"))
+    for root, (setting, value) in (v1, v2):
         if not (root / "cgroup.procs").is_file():
             continue
         directory = root / name
         try:
             directory.mkdir(exist_ok=True)
-            setting, value = ("cpu.idle", "1") if (directory / "cpu.idle").is_file() else lowest
             (directory / setting).write_text(value)
         except OSError:
             _remove_cgroup(name)
@@ -139,7 +140,7 @@ def _remove_folder(directory: Path) -> None:
 
 def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
     """The unit tier in the image, as docs/cluster.md shows it (its own empty data and checkpoints folders
-    mounted), at idle CPU priority: {"code": its exit status, "output": the end of its output}."""
+    mounted), at a low CPU weight: {"code": its exit status, "output": the end of its output}."""
     folders = [work_dir / "unit-tier-data", work_dir / "unit-tier-checkpoints"]
     for folder in folders:
         folder.mkdir()
@@ -148,11 +149,11 @@ def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
     command = docker_image.run(tag, *map(str, folders), *docker_image.STEPS[docker_image.UNIT_TIER_STEP],
                                "-o", f"faulthandler_timeout={HUNG_TEST_SECONDS}")
     command[2:2] = ["--name", name]
-    cgroup = f"tokenformer-test-idle-{os.getpid()}"
-    idle = [command[:2] + [f"--cgroup-parent=/{cgroup}"] + command[2:]] if _idle_cgroup(cgroup) else []
+    cgroup = f"tokenformer-test-low-{os.getpid()}"
+    low = [command[:2] + [f"--cgroup-parent=/{cgroup}"] + command[2:]] if _low_weight_cgroup(cgroup) else []
     env = podman_env(work_dir)
     try:
-        for attempt in [*idle, command]:  # without the cgroup if podman refuses it (exit status 125: its own error)
+        for attempt in [*low, command]:  # without the cgroup if podman refuses it (exit status 125: its own error)
             result = subprocess.run(attempt, env=env, capture_output=True, text=True, timeout=UNIT_TIER_SECONDS)
             if result.returncode != 125:
                 break
