@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron.cli import InputError
 from megatron.config import ConfigError, load_config
 from megatron.growth.grow_checkpoint import write_grown_checkpoint
 from tests.conftest import read_metrics
@@ -129,6 +130,19 @@ def test_a_resume_at_or_after_the_growth_continues_the_same_losses(resumed_at, d
     assert_same_after_growth(train_losses(run_dir), train_losses(data_parallel_run), first=resumed_at + 1)
     growths = [r["iteration"] for r in read_metrics(run_dir / "logs") if r["split"] == "growth"]
     assert growths == [GROW_AT], growths  # once: the resumed run's where it grew again
+
+
+@pytest.mark.slow
+def test_the_runs_own_config_loads_a_checkpoint_saved_after_the_growth(demo_data, data_parallel_run):
+    """generate.py and eval.py pass the run's config beside the checkpoint: its schedule explains the counts."""
+    from megatron.inference.loading import load_model
+
+    config = load_config([TINY], overrides(demo_data, data_parallel_run, SCHEDULE), world_size=1)
+    model = load_model(data_parallel_run / "checkpoints", config)
+    assert (model.args.qkv_slot_num, model.args.ffn_slot_num) == (128, 512)
+    unscheduled = load_config([TINY], overrides(demo_data, data_parallel_run), world_size=1)
+    with pytest.raises(InputError, match="ffn_slot_num: saved 512, given 256"):
+        load_model(data_parallel_run / "checkpoints", unscheduled)
 
 
 def schedule_error(*extra: str) -> str:

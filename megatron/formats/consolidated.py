@@ -26,6 +26,7 @@ from megatron.checkpoint.manifest import MANIFEST, file_problems, read_manifest,
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.cli import InputError
 from megatron.config import Config, load_config
+from megatron.config.schema import TOKEN_COUNT_KEYS
 from megatron.formats.deepspeed.files import CheckpointUnreadable, reading_weights, tag_directory
 from megatron.model.args import ARCHITECTURE_KEYS
 
@@ -214,15 +215,28 @@ def write_weights(state: Mapping[str, Tensor], config: Config, directory: str | 
     return target
 
 
+def _as_grown(given: Config, saved: Config) -> Config:
+    """`given` at `saved`'s slot counts where `given`'s growth_schedule grows its model to them (the run's own
+    config, read for a checkpoint saved after an online growth); else `given`."""
+    stages = [{key: getattr(given, key) for key in TOKEN_COUNT_KEYS}]
+    for entry in given.growth_schedule or ():
+        stages.append({**stages[-1], **{key: entry[key] for key in TOKEN_COUNT_KEYS if key in entry}})
+    counts = {key: getattr(saved, key) for key in TOKEN_COUNT_KEYS}
+    if counts == stages[0] or counts not in stages:
+        return given
+    return Config.from_dict({**given.to_dict(), **counts, "growth_schedule": None})
+
+
 def choose_config(saved: Path, given: Config | str | Path | None, weights: Path) -> Config:
     """The config of the weights `weights`: `saved` (their config.json) or `given`; both must then agree on
-    the architecture."""
+    the architecture (`given` at the slot counts its growth_schedule reached, where it has one)."""
     saved_config = read_config(saved) if saved.is_file() else None
     given_config = read_config(given) if isinstance(given, (str, Path)) else given
     if given_config is None and saved_config is None:
         raise FileNotFoundError(f"{weights} has no {CONFIG_NAME} beside it; {PASS_CONFIG} (the run's YAML or the "
                                 f"{CONFIG_NAME} of the checkpoint it came from)")
     if given_config is not None and saved_config is not None:
+        given_config = _as_grown(given_config, saved_config)
         different = [f"{key}: saved {getattr(saved_config, key)!r}, given {getattr(given_config, key)!r}"
                      for key in ARCHITECTURE_KEYS if getattr(saved_config, key) != getattr(given_config, key)]
         if different:
