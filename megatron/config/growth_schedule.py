@@ -85,3 +85,11 @@ def schedule_problem(v: Mapping[str, Any]) -> str | None:
             return problem
         counts, last = {key: entry.get(key, counts[key]) for key in TOKEN_COUNT_KEYS}, entry["iteration"]
     return None
+
+
+def counts_after_each(config) -> list[dict[str, int]]:
+    """A validated config's slot counts at the start, then after each growth its schedule lists, in order."""
+    stages = [{key: getattr(config, key) for key in TOKEN_COUNT_KEYS}]
+    for entry in config.growth_schedule or ():
+        stages.append({key: entry.get(key, stages[-1][key]) for key in TOKEN_COUNT_KEYS})
+    return stages

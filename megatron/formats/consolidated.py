@@ -26,6 +26,7 @@ from megatron.checkpoint.manifest import MANIFEST, file_problems, read_manifest,
 from megatron.checkpoint.output_directory import require_new_or_empty
 from megatron.cli import InputError
 from megatron.config import Config, load_config
+from megatron.config.growth_schedule import counts_after_each
 from megatron.config.schema import TOKEN_COUNT_KEYS
 from megatron.formats.deepspeed.files import CheckpointUnreadable, reading_weights, tag_directory
 from megatron.model.args import ARCHITECTURE_KEYS
@@ -218,9 +219,7 @@ def write_weights(state: Mapping[str, Tensor], config: Config, directory: str | 
 def _as_grown(given: Config, saved: Config) -> Config:
     """`given` at `saved`'s slot counts where `given`'s growth_schedule grows its model to them (the run's own
     config, read for a checkpoint saved after an online growth); else `given`."""
-    stages = [{key: getattr(given, key) for key in TOKEN_COUNT_KEYS}]
-    for entry in given.growth_schedule or ():
-        stages.append({**stages[-1], **{key: entry[key] for key in TOKEN_COUNT_KEYS if key in entry}})
+    stages = counts_after_each(given)
     counts = {key: getattr(saved, key) for key in TOKEN_COUNT_KEYS}
     if counts == stages[0] or counts not in stages:
         return given

@@ -20,14 +20,15 @@ from megatron.formats.deepspeed.names import module_model_names, tokenformer_nam
 from megatron.formats.deepspeed.reader import SourceCheckpoint
 from megatron.formats.tensor_parallel import split_dimensions
 from megatron.growth.grow import check_entries, grown_state
-from megatron.growth.plan import pattention_entry, plan_growth
+from megatron.growth.plan import GrowthPlan, pattention_entry, plan_growth
 
 
-def grow_into(engine, cfg, source: SourceCheckpoint) -> dict[str, int]:
-    """Collective: `source` (`cfg.pretrain_partial_init`'s newest checkpoint, or a weights-only one in `load`),
-    grown to `cfg`'s model, into `engine`. Returns the n of √n the grown model holds per slot key (its first
-    layer's, as every rank reads them: a pipeline stage may hold other layers)."""
-    plan = plan_growth(source.config, cfg)
+def grow_into(engine, cfg, source: SourceCheckpoint, plan: GrowthPlan | None = None) -> dict[str, int]:
+    """Collective: `source` (`cfg.pretrain_partial_init`'s newest checkpoint, a weights-only one in `load`, or the
+    one a scheduled growth saved), grown to `cfg`'s model by `plan` (default: planned here), into `engine`.
+    Returns the n of √n the grown model holds per slot key (its first layer's, as every rank reads them: a
+    pipeline stage may hold other layers)."""
+    plan = plan or plan_growth(source.config, cfg)
     check_entries(source.names(), plan)
     fresh_optimizer = plan.resets_optimizer
     pipelined = cfg.pipe_parallel_size >= 1

@@ -16,8 +16,7 @@ import re
 from dataclasses import dataclass
 
 from megatron.config import Config
-from megatron.config.growth_schedule import KEY
-from megatron.model.spec import slot_keys
+from megatron.config.growth_schedule import KEY, counts_after_each
 
 
 @dataclass(frozen=True)
@@ -36,11 +35,8 @@ class GrowthSchedule:
 
     @classmethod
     def from_config(cls, config: Config) -> GrowthSchedule:
-        counts, growths = {key: getattr(config, key) for key in slot_keys()}, []
-        for entry in config.growth_schedule or ():
-            counts = {key: entry.get(key, counts[key]) for key in slot_keys()}
-            growths.append(ScheduledGrowth(entry["iteration"], counts))
-        return cls(config, tuple(growths))
+        entries, counts = config.growth_schedule or (), counts_after_each(config)[1:]
+        return cls(config, tuple(ScheduledGrowth(entry["iteration"], after) for entry, after in zip(entries, counts)))
 
     def config_at(self, iteration: int) -> Config:
         """The config of the model a checkpoint at `iteration` holds: every growth listed before it applied (one

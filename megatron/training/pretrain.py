@@ -209,7 +209,7 @@ class Trainer:
         get_accelerator().empty_cache()
         self._build_engine()
         plan = plan_growth(source.config, cfg)
-        norms = grow_into(self.engine, cfg, source)
+        norms = grow_into(self.engine, cfg, source, plan)
         for name, value in counters.items():
             setattr(self.engine, name, value)
         record = online_growth_record(plan, self.growth.record, source_dir, norms, state.iteration)
