@@ -46,8 +46,9 @@ class ParallelPattention(Pattention):
     def grow(self, new_count: int, mode: str = DEFAULT_GROWTH_MODE) -> None:
         """Refused: a block's new rows belong between the other ranks' blocks, drawn from the model's init."""
         raise NotImplementedError("ParallelPattention is one tensor-parallel block of a model's Pattention: grow the "
-                                  "model's checkpoint (tools/grow_checkpoint.py, docs/growth.md), which places the new "
-                                  "tokens of every block and draws them from the config's init")
+                                  "model's checkpoint (tools/grow_checkpoint.py) or the running job (growth_schedule; "
+                                  "docs/growth.md), which place the new tokens of every block and draw them from the "
+                                  "config's init")
 
     def partial_output(self, x: Tensor) -> Tensor:
         """This rank's share Θ(A_r)·V_r of the output for input x, which every rank must hold in full."""
