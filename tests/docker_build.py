@@ -1,15 +1,15 @@
-"""The CPU image's build for tests/test_docker_image.py, and the unit tier run in it, in a process of its own.
+"""The CPU image's build for tests/test_docker_image.py, and its unit tests run in it, in a process of its own.
 
 The build mostly waits on the network and the disk (Debian's archive, PyPI, unpacking), so when the session will
 run the image test, tests/conftest.py starts it as the session begins and the rest of the suite runs meanwhile;
 the test then waits for it (or, run alone, starts it itself). The process installs podman, runc and debootstrap
 if missing, makes the Debian base image if missing (kept between runs), builds the project's image from the
-unchanged Dockerfile, and runs the unit tier in it at a low CPU weight: in a cgroup of half the default weight
+unchanged Dockerfile, and runs the image's unit tests (docker_image.IMAGE_TESTS) in it at a low CPU weight: in a cgroup of half the default weight
 (cpu.shares 512, cpu.weight 50) it gets about a third of the cores while the suite's two workers want them all,
 the whole of what they leave idle, and never nothing (a nice value alone would not do: the container runs in a
 cgroup, or an autogroup, of its own, which at the default weight takes half the machine; a cgroup marked idle
 starved it until its own tests' wall-clock timeouts failed: a two-rank fixture got no result in 300 s). It ends by writing
-WORK_DIR/result.json: the image's tag and the unit tier's exit status and output, or the step that failed with
+WORK_DIR/result.json: the image's tag and those tests' exit status and output, or the step that failed with
 its command and the end of its output.
 
     python -m tests.docker_build WORK_DIR TAG
@@ -37,8 +37,8 @@ from tests import docker_image
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 BUILD_SECONDS = 2400
-# The tier takes about 140 CPU-seconds here, 3-5 minutes at its low weight beside the suite; a slow machine may
-# take several times that. The timeout's message shows the output's end. (Not pytest's faulthandler_timeout: its
+# Those tests take about 35 CPU-seconds (the whole unit tier took 325 on the same machine, 2026-11-29), minutes at
+# their low weight beside the suite; a slow machine may take several times that. The timeout's message shows the output's end. (Not pytest's faulthandler_timeout: its
 # watchdog, armed in pytest's process, does not survive a fork, and a forked rank that then cancels a faulthandler
 # timer of its own, as the hang watch does, waits for that thread for ever.)
 UNIT_TIER_SECONDS = 3600
@@ -139,7 +139,7 @@ def _remove_folder(directory: Path) -> None:
 
 
 def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
-    """The unit tier in the image, as docs/cluster.md shows it (its own empty data and checkpoints folders
+    """The image's unit tests, as docs/cluster.md shows them (its own empty data and checkpoints folders
     mounted), at a low CPU weight: {"code": its exit status, "output": the end of its output}."""
     folders = [work_dir / "unit-tier-data", work_dir / "unit-tier-checkpoints"]
     for folder in folders:
@@ -205,7 +205,7 @@ class BackgroundBuild:
             return False
 
     def result(self) -> dict[str, object]:
-        """Once built and its unit tier run: {"tag": the image's tag, "unit_tier": unit_tier()'s record};
+        """Once built and its unit tests run: {"tag": the image's tag, "unit_tier": unit_tier()'s record};
         BuildFailed otherwise."""
         deadline = time.monotonic() + BUILD_SECONDS + UNIT_TIER_SECONDS
         result_file = self.work_dir / "result.json"

@@ -3,10 +3,10 @@
 The base image is made here from Debian's archive (debootstrap; cached between runs as
 localhost/debian:bookworm), the project's image is built from the unchanged Dockerfile with the CPU
 requirement set, and in the container, offline, with data/ and a checkpoints folder mounted from the host:
-the unit tier runs, the demo corpus is built, the demo config trains 20 iterations on 2 processes and
+the unit tests of what the image provides run (docker_image.IMAGE_TESTS), the demo corpus is built, the demo config trains 20 iterations on 2 processes and
 resumes to 30. On the host, the checkpoints written inside are owned by the image's user and readable,
 load with the framework and export with tools/convert_to_hf.py. Each failure names its step; the image
-is removed afterwards (the base stays). The build, and the unit tier in the image, run in a process of its own
+is removed afterwards (the base stays). The build, and those tests in the image, run in a process of its own
 (tests/docker_build.py), started with the session when it runs this test, which runs last. `make docker-test`
 runs this file alone.
 """
