@@ -2,6 +2,7 @@
 
     python -m benchmarks.framework_step [--size cpu|toy|full] [--layers N] [--precision fp32|bf16]
         [--variants ...] [--warmup 2] [--steps 5] [--profile-steps 2] [--rounds 1] [--budget S] [--json FILE]
+        [--compile-backend inductor]
 
 One model, configs/1-5B.yml's (at `--size full`; `cpu` and `toy` keep its keys but shrink width, depth,
 sequence and vocabulary to fit a CPU; `--layers` sets the depth), trained on one device in these ways, each on
@@ -19,7 +20,9 @@ schedule:
                    config's 1), its step as deepy.py takes it (the lean step on one process, eager layers)
     framework-deepspeed      ... with lean_step false: DeepSpeed's ZeRO-1 step and one-stage pipeline engine
     framework-deepspeed-pp0  ... and pipe_parallel_size 0: DeepSpeed's plain engine (GPT-NeoX's pp 0)
-    framework+compile        ... with each layer compiled (compile: {enable: true})
+    framework+compile        ... with each layer compiled (compile: {enable: true}; `--compile-backend`
+                   another of torch.compile's backends, e.g. aot_eager: the same tracing without inductor's code
+                   generation, which on a CPU builds C++ for about a minute)
     framework+recompute      ... with the config's own activation checkpointing (its HFU counts the recomputed
                    forward; only when asked for)
     gpt-neox       transformers' GPTNeoXForCausalLM of the same parameter count (MLP width chosen to match) in the
@@ -72,7 +75,7 @@ FRAMEWORK_OVERRIDES = {
     "framework": [],
     "framework-deepspeed": ["lean_step=false"],
     "framework-deepspeed-pp0": ["lean_step=false", "pipe_parallel_size=0"],
-    "framework+compile": ["compile={enable: true}"],
+    "framework+compile": [],  # compile={enable: true, backend: --compile-backend} (variant_overrides)
     "framework+recompute": ["checkpoint_activations=true"],
     "framework-dp2": [],
     "framework-deepspeed-dp2": ["lean_step=false"],
@@ -127,7 +130,14 @@ def run_overrides(options, variant: str = "framework") -> list[str]:
         f"data_path={options.data}", f"vocab_file={options.tokenizer}",
         "tokenizer_type=HFTokenizer", "split=990,10,0", f"train_iters={iterations}", f"lr_decay_iters={iterations}",
         "eval_interval=100000", "eval_iters=1", "extra_save_iters=null", "keep_last_n_checkpoints=null",
-        f"log_dir={Path(options.work) / 'logs'}", *FRAMEWORK_OVERRIDES.get(variant, [])]
+        f"log_dir={Path(options.work) / 'logs'}", *variant_overrides(options, variant)]
+
+
+def variant_overrides(options, variant: str) -> list[str]:
+    """The framework variant's own overrides of the run's config."""
+    if variant == "framework+compile":
+        return [f"compile={{enable: true, backend: {options.compile_backend}}}"]
+    return FRAMEWORK_OVERRIDES.get(variant, [])
 
 
 def device_and_dtype(precision: str):
@@ -399,7 +409,7 @@ def child_run(options, variant: str, work: Path, round_index: int = 0) -> dict:
     command = [sys.executable, "-m", "benchmarks.framework_step", "--child", variant, "--json", str(out),
                "--work", str(work / f"{variant}-{round_index}"), "--port", str(port), "--ranks", str(ranks)]
     for name in ("size", "layers", "pattention_impl", "micro_batch", "precision", "warmup", "steps", "profile_steps",
-                 "data", "tokenizer"):
+                 "compile_backend", "data", "tokenizer"):
         if getattr(options, name) is not None:
             command += [f"--{name.replace('_', '-')}", str(getattr(options, name))]
     if options.set:
@@ -498,6 +508,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
     parser.add_argument("--profile-steps", type=int, default=2, help="profiled steps (0: no breakdown)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each variant; the median counts")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile's backend in framework+compile (default inductor, as the config's)")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds after which no further variant starts (those left are not measured)")
     parser.add_argument("--json", default=None, help="write the figures here")

@@ -324,11 +324,13 @@ def step_framework(check: Check, result: StepResult) -> None:
     """benchmarks.framework_step's sweep at configs/1-5B.yml's own depth (toy size with --cpu-plumbing), fused, each
     variant in a process of its own while the budget lasts, at micro-batch 8 where the memory model fits it on the
     card (else the largest it fits). The budget is the lease's: the CPU plumbing runs every variant however slow
-    the machine, since it is there to prove each one's code runs."""
+    the machine, since it is there to prove each one's code runs, and compiles with aot_eager (dynamo's tracing
+    and the compiled autograd graph without inductor's C++ build, 57 of its 72 CPU-seconds; tests/
+    test_compiled_layers.py compiles with inductor)."""
     ran = run_benchmark(check, result, "benchmarks.framework_step",
                         ["--size", "toy" if check.cpu else "full", "--pattention-impl", "fused",
                          "--variants", *FRAMEWORK_VARIANTS, "--warmup", "2", "--steps", "4", "--profile-steps", "1",
-                         *([] if check.cpu else ["--budget", str(FRAMEWORK_BUDGET_S)])],
+                         *(["--compile-backend", "aot_eager"] if check.cpu else ["--budget", str(FRAMEWORK_BUDGET_S)])],
                         600 if check.cpu else FRAMEWORK_BUDGET_S + 120)
     if ran is None:
         return
