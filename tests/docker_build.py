@@ -4,12 +4,12 @@ The build mostly waits on the network and the disk (Debian's archive, PyPI, unpa
 run the image test, tests/conftest.py starts it as the session begins and the rest of the suite runs meanwhile;
 the test then waits for it (or, run alone, starts it itself). The process installs podman, runc and debootstrap
 if missing, makes the Debian base image if missing (kept between runs), builds the project's image from the
-unchanged Dockerfile, and runs the image's unit tests (docker_image.IMAGE_TESTS) in it at a low CPU weight: in a cgroup of half the default weight
-(cpu.shares 512, cpu.weight 50) it gets about a third of the cores while the suite's two workers want them all,
-the whole of what they leave idle, and never nothing (a nice value alone would not do: the container runs in a
-cgroup, or an autogroup, of its own, which at the default weight takes half the machine; a cgroup marked idle
-starved it until its own tests' wall-clock timeouts failed: a two-rank fixture got no result in 300 s). It ends by writing
-WORK_DIR/result.json: the image's tag and those tests' exit status and output, or the step that failed with
+unchanged Dockerfile, and runs the image's unit tests (docker_image.IMAGE_TESTS) in it at a low CPU weight: in
+a cgroup of half the default weight (cpu.shares 512, cpu.weight 50) they get about a third of the cores while the
+suite's two workers want them all, the whole of what those leave idle, and never nothing (a nice value alone
+would not do: the container runs in a cgroup, or an autogroup, of its own, which at the default weight takes
+half the machine; a cgroup marked idle starved it until its own tests' wall-clock timeouts failed: a two-rank
+fixture got no result in 300 s). It ends by writing WORK_DIR/result.json: the image's tag and those tests' exit status and output, or the step that failed with
 its command and the end of its output.
 
     python -m tests.docker_build WORK_DIR TAG
@@ -38,9 +38,10 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 BUILD_SECONDS = 2400
 # Those tests take about 35 CPU-seconds (the whole unit tier took 325 on the same machine, 2026-11-29), minutes at
-# their low weight beside the suite; a slow machine may take several times that. The timeout's message shows the output's end. (Not pytest's faulthandler_timeout: its
-# watchdog, armed in pytest's process, does not survive a fork, and a forked rank that then cancels a faulthandler
-# timer of its own, as the hang watch does, waits for that thread for ever.)
+# their low weight beside the suite; a slow machine may take several times that. The timeout's message shows the
+# output's end. (Not pytest's faulthandler_timeout: its watchdog, armed in pytest's process, does not survive a
+# fork, and a forked rank that then cancels a faulthandler timer of its own, as the hang watch does, waits for
+# that thread for ever.)
 UNIT_TIER_SECONDS = 3600
 
 
