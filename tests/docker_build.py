@@ -9,8 +9,8 @@ a cgroup of half the default weight (cpu.shares 512, cpu.weight 50) they get abo
 suite's two workers want them all, the whole of what those leave idle, and never nothing (a nice value alone
 would not do: the container runs in a cgroup, or an autogroup, of its own, which at the default weight takes
 half the machine; a cgroup marked idle starved it until its own tests' wall-clock timeouts failed: a two-rank
-fixture got no result in 300 s). It ends by writing WORK_DIR/result.json: the image's tag and those tests' exit status and output, or the step that failed with
-its command and the end of its output.
+fixture got no result in 300 s). It ends by writing WORK_DIR/result.json: the image's tag and those tests' exit
+status and output, or the step that failed with its command and the end of its output.
 
     python -m tests.docker_build WORK_DIR TAG
 """
