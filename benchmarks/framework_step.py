@@ -70,12 +70,12 @@ from megatron.model.args import PATTENTION_IMPLS
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "1-5B.yml"
-# deepy.py's step under overrides of configs/1-5B.yml (see the module docstring)
+# deepy.py's step under overrides of configs/1-5B.yml (see the module docstring); {compile_backend} is the option's
 FRAMEWORK_OVERRIDES = {
     "framework": [],
     "framework-deepspeed": ["lean_step=false"],
     "framework-deepspeed-pp0": ["lean_step=false", "pipe_parallel_size=0"],
-    "framework+compile": [],  # compile={enable: true, backend: --compile-backend} (variant_overrides)
+    "framework+compile": ["compile={{enable: true, backend: {compile_backend}}}"],
     "framework+recompute": ["checkpoint_activations=true"],
     "framework-dp2": [],
     "framework-deepspeed-dp2": ["lean_step=false"],
@@ -135,9 +135,8 @@ def run_overrides(options, variant: str = "framework") -> list[str]:
 
 def variant_overrides(options, variant: str) -> list[str]:
     """The framework variant's own overrides of the run's config."""
-    if variant == "framework+compile":
-        return [f"compile={{enable: true, backend: {options.compile_backend}}}"]
-    return FRAMEWORK_OVERRIDES.get(variant, [])
+    return [override.format(compile_backend=options.compile_backend)
+            for override in FRAMEWORK_OVERRIDES.get(variant, [])]
 
 
 def device_and_dtype(precision: str):
