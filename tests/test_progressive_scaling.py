@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from megatron.checkpoint.manifest import content_digest
 from megatron.config import Config
 from megatron.model import TokenFormerArgs, TokenFormerModel
 from megatron.model.parameter_count import count_parameters_by_component
@@ -202,8 +203,9 @@ def test_slurm_dry_run_is_a_chain_with_afterok_dependencies(demo_data, tmp_path,
     assert "tools/slurm/train.sbatch" in jobs[0] and "tools/slurm/progressive_step.sbatch" in jobs[1]
 
 
-def resolve_with_demo_data(name: str, demo_data: Path, tmp_path: Path) -> list:
-    """configs/progressive/`name`'s stages resolved for SLURM, the demo corpus in place of its data."""
+def resolve_with_demo_data(name: str, demo_data: Path, tmp_path: Path, online: bool = False) -> list:
+    """configs/progressive/`name`'s stages resolved for SLURM (as one job: `online`), the demo corpus in place of
+    its data."""
     recipe = yaml.safe_load((REPO / "configs" / "progressive" / name).read_text())
     data = tmp_path / "data.yml"
     data.write_text(yaml.safe_dump({"data_path": f"{demo_data}/demo_text_document",
@@ -211,7 +213,7 @@ def resolve_with_demo_data(name: str, demo_data: Path, tmp_path: Path) -> list:
     plan = tmp_path / "plan.yml"
     plan.write_text(yaml.safe_dump({**recipe, "configs": [str(REPO / c) for c in recipe["configs"]] + [str(data)],
                                     "work_dir": str(tmp_path / "work")}))
-    return resolve_plan(read_plan(plan), slurm=True)
+    return resolve_plan(read_plan(plan, online=online), slurm=True)
 
 
 def test_the_official_recipe_plan_is_valid_given_its_data(demo_data, tmp_path):
@@ -388,3 +390,31 @@ def test_a_broken_chain_stops_and_a_rerun_resubmits_from_the_failed_step(submit_
     assert list(resubmitted) == ["s2 grow", "s2 train", "s2 finish"], again.stdout + again.stderr
     assert wait_for_jobs(submit_env, list(resubmitted.values())) == ["COMPLETED"] * 3
     assert os.readlink(tmp_path / "work" / "final") == "s2/checkpoints"
+
+
+# --- an online plan (tests/test_progressive_online.py) as one SLURM job ---
+
+
+@pytest.mark.system
+@pytest.mark.slow
+def test_an_online_plan_is_one_slurm_job_that_grows_and_publishes_the_final_model(submit_env, demo_data, tmp_path):
+    stages = [{"name": "s1", "train_iters": 4}, {"name": "s2", **GROWN, "train_iters": 8}]
+    plan = write_plan(tmp_path, demo_data, stages)
+    submitted = subprocess.run([sys.executable, str(DRIVER), str(plan), "--online", "--slurm",
+                                "--sbatch-option=--gpus-per-node=0"], cwd=REPO, env=submit_env, capture_output=True,
+                               text=True, timeout=300)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    jobs = re.findall(r"submitted the online job \(every stage\): job (\d+)", submitted.stdout)
+    assert len(jobs) == 1 and submitted.stdout.count("submitted") == 1, submitted.stdout
+    assert "--online --status" in submitted.stdout
+
+    states = wait_for_jobs(submit_env, jobs)
+    work = tmp_path / "work"
+    output = next((work / "job").glob("slurm-train-*.out")).read_text()
+    assert states == ["COMPLETED"], output
+    assert "launching 2 processes: srun" in output and "the plan and its config files are as pinned" in output
+    assert "grew at iteration 4: qkv 64→128, proj 64→128, ffn 256→512" in output
+    assert "plan complete" in output and os.readlink(work / "final") == "job/checkpoints"
+    assert saved_config(work / "final").ffn_slot_num == 512
+    lineage = json.loads((work / "s2" / "lineage.json").read_text())
+    assert lineage["source_sha256"] == content_digest(work / "job" / "checkpoints" / "global_step4")

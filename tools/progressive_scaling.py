@@ -4,6 +4,7 @@
     python tools/progressive_scaling.py PLAN.yml --dry-run       # stages, parameters, FLOPs, commands; runs nothing
     python tools/progressive_scaling.py PLAN.yml --slurm [--sbatch-option=--partition=gpu ...]   # a job chain
     python tools/progressive_scaling.py PLAN.yml --status [--slurm]
+    python tools/progressive_scaling.py PLAN.yml --online [--dry-run | --status | --slurm]   # the plan as one job
 
 PLAN.yml (configs/progressive/ has examples):
 
@@ -24,6 +25,11 @@ checkpoint, by name and content): a re-run that finds the plan, its config files
 for a started stage refuses, naming the key, or with --redo-changed redoes that stage and every stage after it
 (grown and scored anew); a started stage without that pin is refused too, unless --adopt-unpinned pins it as the
 plan gives it now.
+With --online a plan whose stages only grow runs as one job (work_dir/job/), growing its parameter tokens at
+each stage's end without stopping (growth_schedule): each stage's train_iters is the job's iteration where it
+ends, the first stage's keys are the job's, and a grown stage sets only its token counts, train_iters and the
+growth keys; a plan that cannot run so is refused before launch, naming the stage and why. Each stage is pinned
+in work_dir/NAME/lineage.json as in a chain.
 Paths in the plan are relative to the current directory; run from the repository root for --slurm.
 """
 
@@ -50,7 +56,7 @@ from megatron.progressive.lineage_check import (
 from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
 from megatron.progressive.plan import Plan, read_plan
 from megatron.progressive.processes import Interrupted, StepFailed
-from megatron.progressive.progress import FINISH, GROW, pending_steps, retract_stale_final
+from megatron.progressive.progress import FINISH, GROW, check_layout, pending_steps, retract_stale_final
 from megatron.progressive.slurm import refuse_active_jobs, submit_chain
 from megatron.progressive.stage_config import ResolvedStage, resolve_plan
 from megatron.progressive.status import status_lines
@@ -60,7 +66,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("plan", type=Path, help="the plan file (YAML)")
     parser.add_argument("--dry-run", action="store_true", help="print stages, costs and commands; run nothing")
-    parser.add_argument("--slurm", action="store_true", help="submit the plan as a chain of sbatch jobs")
+    parser.add_argument("--slurm", action="store_true", help="submit the plan as a chain of sbatch jobs (with "
+                        "--online: as one job)")
+    parser.add_argument("--online", action="store_true",
+                        help="run every stage as one job that grows at each stage's end (growth_schedule), without "
+                        "stopping: each stage's train_iters is the job's iteration where it ends, and a grown stage "
+                        "sets only its parameter-token counts, train_iters and the growth keys")
     parser.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
                         help="an sbatch option for every job of the chain, after the driver's own (repeatable), "
                         "e.g. --sbatch-option=--partition=gpu or --sbatch-option=--gpus-per-node=0 on a CPU cluster")
@@ -86,7 +97,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _resolve(args: argparse.Namespace) -> tuple[Plan, list[ResolvedStage]]:
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout when it is imported
-        plan = read_plan(args.plan)
+        plan = read_plan(args.plan, online=args.online)
+        check_layout(plan)
         # --status and the chain's step jobs judge stages as SLURM jobs do: num_nodes × num_gpus processes
         return plan, resolve_plan(plan, slurm=args.slurm or args.status or args.step is not None)
 
@@ -102,15 +114,19 @@ def submit(plan: Plan, resolved: list[ResolvedStage], args: argparse.Namespace) 
         return 0
     retract_stale_final(plan, steps)
     for job in submit_chain(plan, resolved, steps, args.sbatch_option):
-        print(f"submitted {job['stage']} {job['step']}: job {job['job']}")
-    print(f"follow it with: {shown([sys.executable, sys.argv[0], str(args.plan), '--status'])}")
+        online_job = plan.online and job["step"] != FINISH
+        print(f"submitted {'the online job (every stage)' if online_job else job['stage'] + ' ' + job['step']}: "
+              f"job {job['job']}")
+    online = ["--online"] if plan.online else []
+    print(f"follow it with: {shown([sys.executable, sys.argv[0], str(args.plan), *online, '--status'])}")
     return 0
 
 
 def dry_run(plan: Plan, resolved: list[ResolvedStage], args: argparse.Namespace) -> None:
     """Print the stages, their costs and the steps a run would do, after the checks the run makes first: where
     it would refuse (a started stage changed or not pinned, a chain's jobs still queued), PlanError as it would."""
-    mode = "a SLURM job chain" if args.slurm else "this machine"
+    mode = ("one SLURM job" if plan.online else "a SLURM job chain") if args.slurm else "this machine"
+    mode += ", as one job growing at each stage's end (--online)" if plan.online else ""
     print(f"plan {plan.path}: {len(resolved)} stages in {plan.work_dir}, on {mode}\n")
     print("\n".join(stage_table(resolved)))
     changed = changed_stage_lines(plan, resolved)

@@ -36,6 +36,14 @@ LATEST = "latest"
 CHECKPOINT_TAG = re.compile(r"^global_step(\d+)$")
 
 
+def committed_tags(directory: Path) -> list[tuple[int, Path]]:
+    """(N, path) of every global_stepN directory in `directory` (usable or not), highest N first."""
+    if not directory.is_dir():
+        return []
+    return sorted(((int(match.group(1)), path) for path in directory.iterdir()
+                   if (match := CHECKPOINT_TAG.match(path.name)) and path.is_dir()), reverse=True)
+
+
 def is_tag_name(name: str) -> bool:
     """Whether `name`, as read from `latest`, can name a checkpoint: one directory name inside the save directory,
     not a path leading elsewhere (`../other_run/global_step5`, `/etc`)."""

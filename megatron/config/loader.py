@@ -143,6 +143,14 @@ def load_config(
     return Config.from_dict(merged, world_size, origins)
 
 
+def values_set(paths: Iterable[str | Path]) -> dict[str, Any]:
+    """The top-level values config files `paths` set themselves, the later file's where two set a key."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merged.update(_read_file(Path(path))[1])
+    return merged
+
+
 def keys_set(paths: str | Path | Iterable[str | Path], overrides: Iterable[str] = ()) -> set[str]:
     """The keys config files `paths` and `overrides` set themselves: every other key of their Config is the
     schema's default (so a note can say that a default, not the user, chose a value)."""

@@ -40,12 +40,13 @@ def parameter_counts(args: TokenFormerArgs) -> dict[str, int]:
     return count_parameters_by_component(TokenFormerModel(args, device="meta"))
 
 
-def stage_cost(cfg: Config) -> StageCost:
+def stage_cost(cfg: Config, steps: int | None = None) -> StageCost:
+    """The stage's size and compute over `steps` (its train_iters where not given: a stage of a chain)."""
     args = model_args(cfg)
     counts = parameter_counts(args)
     return StageCost(counts["total_params"], counts["attention"] + counts["ffn"],
                      flops_per_token(args, include_recompute=cfg.checkpoint_activations), pattention_share(args),
-                     cfg.train_batch_size * cfg.seq_length, cfg.train_iters)
+                     cfg.train_batch_size * cfg.seq_length, cfg.train_iters if steps is None else steps)
 
 
 def schedule(cfg: Config) -> str:

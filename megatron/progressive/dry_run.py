@@ -6,7 +6,7 @@ from __future__ import annotations
 from megatron.progressive.commands import evaluate_command, grow_command, shown, train_command
 from megatron.progressive.costs import flops, layout, schedule, stage_cost
 from megatron.progressive.plan import Plan
-from megatron.progressive.progress import EVALUATE, FINISH, GROW, Step
+from megatron.progressive.progress import EVALUATE, FINISH, GROW, TRAIN, Step
 from megatron.progressive.slurm import describe_chain
 from megatron.progressive.stage_config import ResolvedStage
 
@@ -16,7 +16,7 @@ def stage_table(resolved: list[ResolvedStage]) -> list[str]:
     rows = ["| stage | parameter tokens qkv/proj/ffn | parameters (Pattention) | Pattention share of FLOPs | "
             "training FLOPs/token | steps × tokens | training compute | schedule | processes |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    costs = [stage_cost(entry.config) for entry in resolved]
+    costs = [stage_cost(entry.config, entry.steps) for entry in resolved]
     for entry, cost in zip(resolved, costs):
         cfg = entry.config
         rows.append(f"| {entry.stage.name} | {entry.slots} | {cost.parameters / 1e6:.2f}M "
@@ -37,7 +37,7 @@ def _local_command(plan: Plan, by_name: dict[str, ResolvedStage], step: Step) ->
     if step.kind == EVALUATE:
         return shown(evaluate_command(plan, stage))
     if step.kind == FINISH:
-        return shown(["ln", "-sfn", f"{stage.name}/checkpoints", str(plan.final)])
+        return shown(["ln", "-sfn", str(plan.checkpoints(stage).relative_to(plan.work_dir)), str(plan.final)])
     return shown(train_command(plan, stage))
 
 
@@ -46,4 +46,12 @@ def step_commands(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], 
     if slurm:
         return describe_chain(plan, resolved, steps, sbatch_options)
     by_name = {entry.stage.name: entry for entry in resolved}
-    return [f"{step.stage.name} {step.kind}: {_local_command(plan, by_name, step)}" for step in steps]
+    return [f"{_step_name(plan, resolved, step)}: {_local_command(plan, by_name, step)}" for step in steps]
+
+
+def _step_name(plan: Plan, resolved: list[ResolvedStage], step: Step) -> str:
+    """'s2 grow'; online, the job's training with where it grows, e.g. 'job train (grows into s2 at 4, s3 at 8)'."""
+    if not plan.online or step.kind != TRAIN:
+        return f"{step.stage.name} {step.kind}"
+    growths = [f"{entry.stage.name} at {plan.start(entry.stage)} ({entry.slots})" for entry in resolved[1:]]
+    return f"job train (from {step.stage.name}; grows into {', '.join(growths)})"

@@ -19,11 +19,12 @@ default of this version, and is named as one.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
-from megatron.checkpoint.commit import CHECKPOINT_TAG
+from megatron.checkpoint.commit import committed_tags
 from megatron.checkpoint.growth_record import GrowthRecordError, read_growth_record
 from megatron.checkpoint.manifest import content_digest
 from megatron.config.loader import keys_set
@@ -47,11 +48,12 @@ def _pinned(key: str) -> bool:
     return key not in UNPINNED_KEYS and (key not in SCHEMA or SCHEMA[key].group not in UNPINNED_GROUPS)
 
 
-def _pinned_in_checkpoints(directory: Path) -> str | None:
-    """The source digest the newest checkpoint in `directory` that has one carries in its growth record."""
-    tags = sorted(((int(match.group(1)), path) for path in (directory.iterdir() if directory.is_dir() else ())
-                   if (match := CHECKPOINT_TAG.match(path.name)) and path.is_dir()), reverse=True)
-    for _, tag_dir in tags:
+def _pinned_in_checkpoints(plan: Plan, stage: Stage) -> str | None:
+    """The source digest the newest of the stage's checkpoints that has one carries in its growth record (online,
+    of the job's checkpoints after the stage before's end, up to the stage's own)."""
+    first, last = (plan.start(stage) + 1, plan.end(stage)) if plan.online else (0, math.inf)
+    tags = [tag_dir for iteration, tag_dir in committed_tags(plan.checkpoints(stage)) if first <= iteration <= last]
+    for tag_dir in tags:
         try:
             digest = (read_growth_record(tag_dir) or {}).get("source_sha256")
         except GrowthRecordError:
@@ -70,7 +72,7 @@ def _source_sha256(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> s
         return None
     source = plan.checkpoints(previous) / source_tag(resolved[previous.index].config)
     try:
-        return content_digest(source) if source.is_dir() else _pinned_in_checkpoints(plan.checkpoints(stage))
+        return content_digest(source) if source.is_dir() else _pinned_in_checkpoints(plan, stage)
     except ValueError as error:
         raise plan.error(f"{previous.where()}: {error}; the stage grown from it cannot be pinned to it") from None
 
@@ -82,7 +84,7 @@ def superseded(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> bool:
     if following is None or (plan.checkpoints(stage) / source_tag(resolved[stage.index].config)).is_dir():
         return False
     pinned = (recorded_lineage(plan, following) or {}).get("source_sha256")
-    return bool(pinned) and pinned == _pinned_in_checkpoints(plan.checkpoints(following))
+    return bool(pinned) and pinned == _pinned_in_checkpoints(plan, following)
 
 
 def current_lineage(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> dict[str, Any]:
@@ -112,12 +114,29 @@ def recorded_lineage(plan: Plan, stage: Stage) -> dict[str, Any] | None:
 def record_lineage(plan: Plan, resolved: list[ResolvedStage], stage: Stage) -> Path:
     path = lineage_path(plan, stage)
     path.parent.mkdir(parents=True, exist_ok=True)
-    content = {"plan": str(plan.path), "stage": stage.name, "recorded": time.strftime("%Y-%m-%d %H:%M:%S"),
-               **current_lineage(plan, resolved, stage)}
+    _write(path, {"plan": str(plan.path), "stage": stage.name, "recorded": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  **current_lineage(plan, resolved, stage)})
+    return path
+
+
+def _write(path: Path, content: dict[str, Any]) -> None:
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps(content, indent=1) + "\n", encoding="utf-8")
     temporary.replace(path)
-    return path
+
+
+def pin_grown_sources(plan: Plan) -> list[Stage]:
+    """Online: give the lineage of each stage the job grew into since it was pinned the digest of the checkpoint
+    it grew from, as the grown checkpoints' growth record names it (a chain pins it just before the growth, which
+    an online job makes inside itself). The stages pinned so."""
+    pinned = []
+    for stage in plan.stages[1:]:
+        recorded = recorded_lineage(plan, stage)
+        digest = _pinned_in_checkpoints(plan, stage) if recorded and not recorded.get("source_sha256") else None
+        if digest:
+            _write(lineage_path(plan, stage), {**recorded, "source_sha256": digest})
+            pinned.append(stage)
+    return pinned
 
 
 def unpinned_reason(plan: Plan, stage: Stage) -> str | None:

@@ -25,14 +25,15 @@ from megatron.progressive.lineage import (
     describe_changes,
     lineage_changes,
     lineage_path,
+    pin_grown_sources,
     record_lineage,
     recorded_lineage,
     unpinned_reason,
 )
 from megatron.progressive.plan import Plan, Stage
-from megatron.progressive.progress import has_checkpoints
+from megatron.progressive.progress import has_checkpoints_of
 from megatron.progressive.stage_config import ResolvedStage
-from megatron.progressive.stage_file import prepare_stage_files
+from megatron.progressive.stage_file import prepare_stage_files, write_job_file
 
 REDO_FLAG = "--redo-changed"
 ADOPT_FLAG = "--adopt-unpinned"
@@ -41,7 +42,7 @@ REPLACED = "replaced"
 
 
 def _started(plan: Plan, stage: Stage) -> bool:
-    return has_checkpoints(plan.checkpoints(stage))
+    return has_checkpoints_of(plan, stage)
 
 
 def _stages_after(plan: Plan, stage: Stage) -> list[Stage]:
@@ -54,19 +55,25 @@ def _grown_from(plan: Plan, stage: Stage) -> str:
     return f" and the stage(s) grown from it ({', '.join(s.name for s in after)})" if after else ""
 
 
+def _redo_advice(plan: Plan, stage: Stage) -> str:
+    if plan.online:
+        return (f"move {plan.work_dir} aside to run the plan again ({REDO_FLAG} cannot redo part of an online plan, "
+                "whose stages are one job)")
+    return (f"run again with {REDO_FLAG} to redo it{_grown_from(plan, stage)}: their directories are moved to "
+            f"{plan.work_dir / REPLACED}/")
+
+
 def _refusal(plan: Plan, stage: Stage, changes: list) -> str:
     return (f"{stage.where()} was started from other settings than the plan and its config files give now "
             f"({lineage_path(plan, stage)}): {describe_changes(changes, defaulted_keys(plan, stage))}. Restore them to "
-            f"continue the stage, or run "
-            f"again with {REDO_FLAG} to redo it{_grown_from(plan, stage)}: their directories are moved to "
-            f"{plan.work_dir / REPLACED}/")
+            f"continue the stage, or {_redo_advice(plan, stage)}")
 
 
 def _unpinned_refusal(plan: Plan, stage: Stage, reason: str) -> str:
     return (f"{stage.where()} has started but is not pinned: {reason}, so nothing shows it was started from the "
-            f"plan as it is now. Run again with {ADOPT_FLAG} to pin it as the plan gives it now, or with "
-            f"{REDO_FLAG} to redo it{_grown_from(plan, stage)} (their directories are moved to "
-            f"{plan.work_dir / REPLACED}/)")
+            f"plan as it is now. Run again with {ADOPT_FLAG} to pin it as the plan gives it now, or " + (
+                _redo_advice(plan, stage) if plan.online else f"with {REDO_FLAG} to redo it{_grown_from(plan, stage)} "
+                f"(their directories are moved to {plan.work_dir / REPLACED}/)"))
 
 
 def _move_aside(plan: Plan, stage: Stage) -> Path:
@@ -155,7 +162,7 @@ def verdict(plan: Plan, resolved: list[ResolvedStage], redo: bool, adopt: bool) 
     if refusal is None:
         return Verdict(adopted, [])
     stage, why = refusal
-    if not redo:
+    if not redo or plan.online:
         raise plan.error(why)
     return Verdict(adopted, [stage, *_stages_after(plan, stage)])
 
@@ -172,8 +179,13 @@ def refuse_or_redo(plan: Plan, resolved: list[ResolvedStage], redo: bool, adopt:
 def prepare_stages(plan: Plan, resolved: list[ResolvedStage], redo: bool = False, adopt: bool = False) -> list[str]:
     """Before anything runs: refuse (or redo, or adopt) started stages that are not pinned or whose lineage
     changed, write every stage file, pin the stages not started yet. What was done, one line each."""
-    said = refuse_or_redo(plan, resolved, redo, adopt)
-    prepare_stage_files(plan)
+    said = [f"{stage.name}: pinned to the checkpoint the job grew it from"
+            for stage in (pin_grown_sources(plan) if plan.online else ())]
+    said += refuse_or_redo(plan, resolved, redo, adopt)
+    if plan.online:
+        write_job_file(plan, resolved)
+    else:
+        prepare_stage_files(plan)
     for stage in plan.stages:
         if not _started(plan, stage):
             record_lineage(plan, resolved, stage)

@@ -16,7 +16,7 @@ import time
 
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free, hold_save_directory
 from megatron.progressive.commands import evaluate_command, grow_command, source_tag, train_command
-from megatron.progressive.lineage import record_lineage
+from megatron.progressive.lineage import pin_grown_sources, record_lineage
 from megatron.progressive.lineage_check import CHECK, check_unchanged, prepare_stages
 from megatron.progressive.plan import Plan, Stage
 from megatron.progressive.processes import run_step
@@ -109,19 +109,32 @@ def _run(plan: Plan, resolved_stages: list[ResolvedStage], step: Step, echo: boo
         run_step(f"{stage.name} evaluate", evaluate_command(plan, stage), log, echo)
         _say(growth_check(plan, resolved))
     elif step.kind == TRAIN:
-        start = checkpoint_iteration(plan.checkpoints(stage)) or 0
-        _say(f"{stage.name}: train iterations {start + 1}-{resolved.config.train_iters}; log: {log}")
-        wait_for_save_directory(plan, stage)
-        seconds = run_step(f"{stage.name} train", train_command(plan, stage), log, echo)
-        reached = checkpoint_iteration(plan.checkpoints(stage))
-        if reached is None or reached < resolved.config.train_iters:
-            raise plan.error(f"{stage.where()}: training stopped at iteration {reached} of "
-                             f"{resolved.config.train_iters} (exit_interval, exit_duration_in_mins or a signal); "
-                             "run the same command again to continue")
-        loss = last_validation(plan, stage)
-        _say(f"{stage.name}: trained in {seconds:.0f} s" + (f", last validation loss {loss:.4f}" if loss else ""))
+        _train(plan, resolved_stages, step.stage, echo)
     elif step.kind == FINISH:
+        for grown in pin_grown_sources(plan) if plan.online else ():
+            _say(f"{grown.name}: pinned to the checkpoint the job grew it from")
         _say(f"plan complete: {publish_final(plan)} -> {plan.checkpoints(stage)}")
+
+
+def _train(plan: Plan, resolved_stages: list[ResolvedStage], stage: Stage, echo: bool) -> None:
+    """Train `stage`; online, the job from where it stands to the last stage's end, growing at each stage's."""
+    target = resolved_stages[-1] if plan.online else resolved_stages[stage.index]
+    name, directory = ("job", plan.job_directory) if plan.online else (stage.name, plan.directory(stage))
+    start, end = checkpoint_iteration(plan.checkpoints(stage)) or 0, target.config.train_iters
+    growths = [f"at {plan.start(entry.stage)} into {entry.stage.name}" for entry in resolved_stages[1:]
+               if plan.online and plan.start(entry.stage) >= start]
+    log = directory / f"{TRAIN}.log"
+    _say(f"{name}: train iterations {start + 1}-{end}" + "".join(f", growing {growth}" for growth in growths)
+         + f"; log: {log}")
+    wait_for_save_directory(plan, stage)
+    seconds = run_step(f"{name} train", train_command(plan, stage), log, echo)
+    reached = checkpoint_iteration(plan.checkpoints(stage))
+    if reached is None or reached < end:
+        where = "the online job" if plan.online else stage.where()
+        raise plan.error(f"{where}: training stopped at iteration {reached} of {end} (exit_interval, "
+                         "exit_duration_in_mins or a signal); run the same command again to continue")
+    loss = last_validation(plan, target.stage)
+    _say(f"{name}: trained in {seconds:.0f} s" + (f", last validation loss {loss:.4f}" if loss else ""))
 
 
 def run_single_step(plan: Plan, resolved: list[ResolvedStage], kind: str, stage_name: str) -> None:
@@ -132,6 +145,8 @@ def run_single_step(plan: Plan, resolved: list[ResolvedStage], kind: str, stage_
     if stage_name not in by_name:
         raise plan.error(f"--stage {stage_name!r} is not a stage of the plan ({', '.join(by_name)})")
     stage = by_name[stage_name].stage
+    if plan.online and kind == GROW:
+        raise plan.error("--step grow is a step of a chain: an online plan's job grows inside itself")
     check_unchanged(plan, resolved, plan.stages)  # the job re-read the plan: it must be the one submitted
     if kind == CHECK:
         _say(f"{stage.name}: the plan and its config files are as pinned")

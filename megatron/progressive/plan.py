@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from megatron.config import ConfigError
-from megatron.config.loader import read_yaml
+from megatron.config.loader import read_yaml, values_set
 from megatron.config.schema import SCHEMA
 from megatron.config.validate import check_keys, closest_key, normalize_keys
+from megatron.progressive.online_rules import GROWTH_KEYS, online_problem
 
 PLAN_KEYS = ("configs", "work_dir", "stages")
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 FINAL = "final"
+ONLINE_JOB = "job"
 # Set by the driver for every stage: a stage giving them would train somewhere the driver does not look.
 DRIVER_KEYS = {"save": "work_dir/NAME/checkpoints", "load": "work_dir/NAME/checkpoints",
                "log_dir": "work_dir/NAME/logs"}
@@ -61,35 +63,63 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
+    """`online`: the stages run as one job (work_dir/job/) that grows at each stage's end (online_rules.py)."""
+
     path: Path
     configs: tuple[Path, ...]
     work_dir: Path
     stages: tuple[Stage, ...]
+    online: bool = False
 
     def error(self, message: str) -> PlanError:
         return PlanError(f"{self.path}: {message}")
 
     def directory(self, stage: Stage) -> Path:
+        """The stage's directory: its lineage.json, and in a chain its stage file, checkpoints, logs and jobs."""
         return self.work_dir / stage.name
 
+    @property
+    def job_directory(self) -> Path:
+        """An online plan's job: its config file (job.yml), checkpoints and logs, for every stage."""
+        return self.work_dir / ONLINE_JOB
+
     def checkpoints(self, stage: Stage) -> Path:
-        """The stage's save = load directory; a grown stage's first checkpoint (global_step0) is its growth."""
-        return self.directory(stage) / "checkpoints"
+        """The stage's save = load directory; in a chain a grown stage's first checkpoint (global_step0) is its
+        growth; online, the job's, where the stage's checkpoints are those after the stage before's end."""
+        return (self.job_directory if self.online else self.directory(stage)) / "checkpoints"
 
     def logs(self, stage: Stage) -> Path:
-        return self.directory(stage) / "logs"
+        return (self.job_directory if self.online else self.directory(stage)) / "logs"
+
+    def end(self, stage: Stage) -> int:
+        """An online stage's last iteration in the job's count (its train_iters)."""
+        return stage.settings["train_iters"]
+
+    def start(self, stage: Stage) -> int:
+        """An online stage's first iteration less one: the stage before's end (0 for the first)."""
+        previous = self.previous(stage)
+        return 0 if previous is None else self.end(previous)
 
     def stage_file(self, stage: Stage) -> Path:
-        """The YAML file merged after `configs` for this stage (written by the driver)."""
-        return self.directory(stage) / "stage.yml"
+        """The YAML file merged after `configs` for this stage (written by the driver); online, the job's."""
+        return self.job_directory / "job.yml" if self.online else self.directory(stage) / "stage.yml"
 
     def config_files(self, stage: Stage) -> list[Path]:
         return [*self.configs, self.stage_file(stage)]
 
     def stage_settings(self, stage: Stage) -> dict[str, Any]:
-        """What the stage file holds: the stage's keys and the directories the driver gives it."""
+        """The stage's keys and the directories the driver gives it (a chain's stage file). Online, the first
+        stage's keys are the job's: a grown stage adds its own and the growth keys, and the learning-rate schedule
+        decays over the whole job unless a config sets lr_decay_iters."""
         checkpoints = str(self.checkpoints(stage))
-        return {**stage.settings, "save": checkpoints, "load": checkpoints, "log_dir": str(self.logs(stage))}
+        directories = {"save": checkpoints, "load": checkpoints, "log_dir": str(self.logs(stage))}
+        if not self.online:
+            return {**stage.settings, **directories}
+        grown = {key: value for later in self.stages[1:] for key, value in later.settings.items()
+                 if key in GROWTH_KEYS} if stage.index else {}
+        decayed = values_set(self.configs).get("lr_decay_iters") is not None  # None follows train_iters: the stage's
+        decay = {} if decayed else {"lr_decay_iters": self.end(self.stages[-1])}
+        return {**decay, **self.stages[0].settings, **grown, **stage.settings, **directories}
 
     def previous(self, stage: Stage) -> Stage | None:
         return self.stages[stage.index - 1] if stage.index else None
@@ -131,9 +161,10 @@ def _stage(plan_path: Path, index: int, raw: Any, seen: set[str]) -> Stage:
                         f"{{name: s{index + 1}, train_iters: 1000}}; got {raw!r}")
     settings = normalize_keys(raw, f"{plan_path}: {where}")
     name = settings.pop("name", None)
-    if not isinstance(name, str) or not STAGE_NAME.match(name) or name == FINAL:
+    if not isinstance(name, str) or not STAGE_NAME.match(name) or name in (FINAL, ONLINE_JOB):
         raise PlanError(f"{plan_path}: {where}: name {name!r} must be a directory name of letters, digits, '.', "
-                        f"'_' or '-' other than {FINAL!r} (its checkpoints go under work_dir/NAME/); set "
+                        f"'_' or '-' other than {FINAL!r} and {ONLINE_JOB!r} (its checkpoints go under "
+                        "work_dir/NAME/); set "
                         f"name: s{index + 1}")
     if name in seen:
         raise PlanError(f"{plan_path}: {where}: name {name!r} is used by an earlier stage; give every stage its "
@@ -162,8 +193,9 @@ def _work_dir(plan_path: Path, value: Any) -> Path:
     return work_dir
 
 
-def parse_plan(path: str | Path, content: Any) -> Plan:
-    """The plan `content` (the parsed YAML of `path`) describes; PlanError naming the first problem."""
+def parse_plan(path: str | Path, content: Any, online: bool = False) -> Plan:
+    """The plan `content` (the parsed YAML of `path`) describes, to run as a chain or `online`; PlanError naming
+    the first problem."""
     path = Path(path)
     if not isinstance(content, Mapping):
         raise PlanError(f"{path}: a plan is a mapping with the keys {', '.join(PLAN_KEYS)}; got "
@@ -181,11 +213,15 @@ def parse_plan(path: str | Path, content: Any) -> Plan:
     stages, seen = content["stages"], set()
     if not isinstance(stages, list) or not stages:
         raise PlanError(f"{path}: stages must be a non-empty list of mappings, each with a name")
-    return Plan(path, _path_list(path, content["configs"]), work_dir,
-                tuple(_stage(path, index, raw, seen) for index, raw in enumerate(stages)))
+    plan = Plan(path, _path_list(path, content["configs"]), work_dir,
+                tuple(_stage(path, index, raw, seen) for index, raw in enumerate(stages)), online)
+    problem = online_problem(plan.stages) if online else None
+    if problem:
+        raise plan.error(f"it cannot run --online: {problem}")
+    return plan
 
 
-def read_plan(path: str | Path) -> Plan:
-    """Read and check the plan file `path`."""
+def read_plan(path: str | Path, online: bool = False) -> Plan:
+    """Read and check the plan file `path` (to run as one job: `online`)."""
     path = Path(path)
-    return parse_plan(path, read_yaml(path, "plan file", PlanError)[1])
+    return parse_plan(path, read_yaml(path, "plan file", PlanError)[1], online)

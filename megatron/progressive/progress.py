@@ -17,7 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron.checkpoint.commit import CHECKPOINT_TAG
+from megatron.checkpoint.commit import CHECKPOINT_TAG, committed_tags
 from megatron.checkpoint.safety import CheckpointRefused
 from megatron.checkpoint.selection import newest_usable_tag
 from megatron.progressive.lineage import superseded
@@ -36,10 +36,24 @@ class Step:
     stage: Stage
 
 
+def check_layout(plan: Plan) -> None:
+    """PlanError if work_dir holds the other way of running the plan: a chain's stage checkpoints for --online, or
+    an online job for a chain (each would start afresh beside the other's progress)."""
+    if plan.online:
+        chained = [stage.name for stage in plan.stages if (plan.directory(stage) / "checkpoints").exists()]
+        if chained:
+            raise plan.error(f"work_dir {plan.work_dir} holds the checkpoints of a chain of jobs "
+                             f"({', '.join(chained)}): continue it without --online, or give the online run another "
+                             "work_dir")
+    elif plan.job_directory.exists():
+        raise plan.error(f"work_dir {plan.work_dir} holds an online job ({plan.job_directory}): continue it with "
+                         "--online, or give the chain another work_dir")
+
+
 def has_checkpoints(directory: Path) -> bool:
     """Whether `directory` holds a committed checkpoint (global_stepN), usable or not: a stage that has one has
     started, even where every one is damaged."""
-    return directory.is_dir() and any(CHECKPOINT_TAG.match(path.name) and path.is_dir() for path in directory.iterdir())
+    return bool(committed_tags(directory))
 
 
 def checkpoint_iteration(directory: Path) -> int | None:
@@ -52,13 +66,28 @@ def checkpoint_iteration(directory: Path) -> int | None:
     return None if tag is None else int(CHECKPOINT_TAG.match(tag).group(1))
 
 
+def has_checkpoints_of(plan: Plan, stage: Stage) -> bool:
+    """Whether `stage` has started: it has a committed checkpoint, usable or not. Online, one of the job's after
+    the stage before's end (the checkpoint at that end holds the model before the growth, and a resume of it
+    grows again)."""
+    tags = committed_tags(plan.checkpoints(stage))
+    if not plan.online or not stage.index:
+        return bool(tags)
+    return any(iteration > plan.start(stage) for iteration, _ in tags)
+
+
 def validation_losses(plan: Plan, stage: Stage) -> dict[int, float]:
-    """Iteration -> validation loss of the stage's metrics (a repeated iteration, from a resumed run: the last)."""
+    """Iteration -> validation loss of the stage's metrics (a repeated iteration, from a resumed run: the last);
+    online, the job's within the stage's iterations."""
     path = plan.logs(stage) / "metrics.jsonl"
     if not path.is_file():
         return {}
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return {record["iteration"]: record["lm_loss"] for record in records if record.get("split") == "valid"}
+    losses = {record["iteration"]: record["lm_loss"] for record in records if record.get("split") == "valid"}
+    if plan.online:
+        first = plan.start(stage) + 1 if stage.index else 0
+        return {iteration: loss for iteration, loss in losses.items() if first <= iteration <= plan.end(stage)}
+    return losses
 
 
 def last_validation(plan: Plan, stage: Stage) -> float | None:
@@ -67,8 +96,8 @@ def last_validation(plan: Plan, stage: Stage) -> float | None:
 
 
 def growth_validation(plan: Plan, stage: Stage) -> float | None:
-    """The grown checkpoint's validation loss, before any training of the stage."""
-    return validation_losses(plan, stage).get(0) if stage.index else None
+    """The grown checkpoint's validation loss, before any training of the stage (a chain's evaluate step)."""
+    return validation_losses(plan, stage).get(0) if stage.index and not plan.online else None
 
 
 def final_is_published(plan: Plan) -> bool:
@@ -107,6 +136,10 @@ def stage_iteration(plan: Plan, resolved: list[ResolvedStage], stage: Stage,
     `redone` count as not started. The one judge of a stage's progress, for the run and --status alike."""
     if stage.name in redone:
         return None
+    if plan.online:
+        reached = checkpoint_iteration(plan.checkpoints(stage))
+        started = reached is not None and (reached > plan.start(stage) or not stage.index)
+        return min(reached, plan.end(stage)) if started else None
     following = plan.stages[stage.index + 1] if stage.index + 1 < len(plan.stages) else None
     if following is not None and following.name not in redone and superseded(plan, resolved, stage):
         return resolved[stage.index].config.train_iters
@@ -115,7 +148,16 @@ def stage_iteration(plan: Plan, resolved: list[ResolvedStage], stage: Stage,
 
 def pending_steps(plan: Plan, resolved: list[ResolvedStage], redone: Collection[str] = ()) -> list[Step]:
     """The steps still to do, in order; [] when the plan is complete and work_dir/final published. The stages
-    named in `redone` count as not started (what a redo would leave of them)."""
+    named in `redone` count as not started (what a redo would leave of them). Online: one training step, the
+    job's, named by the first stage it has not finished, then the finish."""
+    if plan.online:
+        steps = []
+        for entry in resolved:
+            iteration = stage_iteration(plan, resolved, entry.stage)
+            if iteration is None or iteration < entry.config.train_iters:
+                steps.append(Step(TRAIN, entry.stage))
+                break
+        return steps + ([Step(FINISH, plan.stages[-1])] if steps or not final_is_published(plan) else [])
     steps: list[Step] = []
     incomplete: Stage | None = None
     for entry in resolved:

@@ -1,4 +1,5 @@
-"""A plan as a chain of sbatch jobs, each starting only if the one before succeeded (--dependency=afterok).
+"""A plan as a chain of sbatch jobs, each starting only if the one before succeeded (--dependency=afterok); an
+online plan as one training job (PROGRESSIVE_ONLINE=1), which publishes work_dir/final itself when it ends.
 
 Each stage trains in a tools/slurm/train.sbatch job asking num_nodes × num_gpus tasks (with
 EVAL_BEFORE_TRAINING=1 after a growth: the job first scores the grown checkpoint; with PROGRESSIVE_PLAN and
@@ -63,12 +64,21 @@ def active_jobs(plan: Plan) -> list[tuple[dict, str]]:
     return [(job, state) for job in submitted_jobs(plan) if (state := job_state(job["job"])) in ACTIVE_STATES]
 
 
+def _step_name(plan: Plan, step: Step) -> str:
+    """'s2 grow'; an online plan's one training job: 'job train'."""
+    return f"{'job' if plan.online and step.kind == TRAIN else step.stage.name} {step.kind}"
+
+
 def _job_name(plan: Plan, step: Step) -> str:
-    return f"{plan.path.stem}:{step.stage.name}:{step.kind}"
+    return f"{plan.path.stem}:{_step_name(plan, step).replace(' ', ':')}"
+
+
+def _job_directory(plan: Plan, step: Step) -> Path:
+    return plan.job_directory if plan.online else plan.directory(step.stage)
 
 
 def _sbatch(plan: Plan, step: Step, dependency: str | None) -> list[str]:
-    output = plan.directory(step.stage) / f"slurm-{step.kind}-%j.out"
+    output = _job_directory(plan, step) / f"slurm-{step.kind}-%j.out"
     command = ["sbatch", "--parsable", f"--job-name={_job_name(plan, step)}", f"--output={output}",
                "--kill-on-invalid-dep=yes"]
     return command + ([f"--dependency=afterok:{dependency}"] if dependency else [])
@@ -80,14 +90,17 @@ def _train_job(plan: Plan, resolved: ResolvedStage, evaluate_first: bool) -> tup
     if "," in str(plan.path):
         raise plan.error(f"the plan's path {plan.path} has a comma, which sbatch --export cannot pass on: rename it")
     exports = ["ALL", f"PROGRESSIVE_PLAN={plan.path}", f"PROGRESSIVE_STAGE={resolved.stage.name}",
-               *(["EVAL_BEFORE_TRAINING=1"] if evaluate_first else [])]
+               *(["EVAL_BEFORE_TRAINING=1"] if evaluate_first else []),
+               *(["PROGRESSIVE_ONLINE=1"] if plan.online else [])]
     options = [f"--nodes={nodes}", f"--ntasks-per-node={tasks}", f"--gpus-per-node={tasks}",
                f"--export={','.join(exports)}"]
     return options, [TRAIN_SBATCH, *map(str, plan.config_files(resolved.stage))]
 
 
 def _step_job(plan: Plan, step: Step) -> tuple[list[str], list[str]]:
-    return ["--nodes=1", "--ntasks=1"], [STEP_SBATCH, str(plan.path), "--step", step.kind, "--stage", step.stage.name]
+    online = ["--online"] if plan.online else []
+    return ["--nodes=1", "--ntasks=1"], [STEP_SBATCH, str(plan.path), *online, "--step", step.kind, "--stage",
+                                         step.stage.name]
 
 
 def chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step],
@@ -96,6 +109,8 @@ def chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step],
     scoring runs in its training job; the user's options come last, so they override the driver's."""
     by_name = {entry.stage.name: entry for entry in resolved}
     evaluate = {step.stage.name for step in steps if step.kind == EVALUATE}
+    if plan.online:  # one job: it trains to the last stage's end, growing as it goes, then publishes work_dir/final
+        steps = [Step(TRAIN, plan.stages[-1])] if any(step.kind == TRAIN for step in steps) else steps
     jobs = []
     for step in steps:
         if step.kind == TRAIN:
@@ -112,8 +127,8 @@ def describe_chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step],
     """The sbatch commands --slurm would run, dependencies as placeholders (for --dry-run)."""
     lines, previous = [], None
     for step, arguments in chain(plan, resolved, steps, user_options):
-        dependency = DEPENDENCY_PLACEHOLDER.format(f"{previous.stage.name} {previous.kind}") if previous else None
-        lines.append(f"{step.stage.name} {step.kind}: {shown(_sbatch(plan, step, dependency) + arguments)}")
+        dependency = DEPENDENCY_PLACEHOLDER.format(_step_name(plan, previous)) if previous else None
+        lines.append(f"{_step_name(plan, step)}: {shown(_sbatch(plan, step, dependency) + arguments)}")
         previous = step
     return lines
 
@@ -134,7 +149,7 @@ def submit_chain(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], u
     submitted, dependency = [], None
     plan.work_dir.mkdir(parents=True, exist_ok=True)
     for step, arguments in chain(plan, resolved, steps, user_options):
-        plan.directory(step.stage).mkdir(parents=True, exist_ok=True)
+        _job_directory(plan, step).mkdir(parents=True, exist_ok=True)
         command = _sbatch(plan, step, dependency) + arguments
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         if result.returncode != 0:

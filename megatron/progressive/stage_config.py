@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from megatron.config import Config, ConfigError, load_config
 from megatron.growth.plan import GrowthPlan, plan_growth
@@ -32,6 +33,7 @@ class ResolvedStage:
     stage: Stage
     config: Config
     growth: GrowthPlan | None
+    steps: int  # the iterations it trains: its train_iters in a chain; online, those after the stage before's end
 
     @property
     def processes(self) -> int:
@@ -52,30 +54,53 @@ def _allocation_slots(cfg: Config) -> Slots:
     return {f"node{index}": list(range(per_node)) for index in range(nodes)}
 
 
-def stage_overrides(plan: Plan, stage: Stage) -> list[str]:
-    """The stage file's keys as deepy.py key=value overrides (JSON is YAML): the same merge, without the file."""
-    return [f"{key}={json.dumps(value)}" for key, value in plan.stage_settings(stage).items()]
-
-
-def resolve_stage(plan: Plan, stage: Stage, slurm: bool) -> Config:
-    """The stage's config as its training launch resolves it; PlanError naming the stage if it is refused."""
-    overrides = stage_overrides(plan, stage)
+def _resolve(plan: Plan, settings: dict[str, Any], slurm: bool, subject: str, keys: str) -> Config:
+    """The plan's configs merged with `settings` (the stage file's keys, as key=value overrides: JSON is YAML),
+    as a training launch resolves them; PlanError naming the config (`subject`, e.g. "stage 's1': its") if
+    they are refused."""
+    overrides = [f"{key}={json.dumps(value)}" for key, value in settings.items()]
     try:
         slots = _allocation_slots(load_config(plan.configs, overrides)) if slurm else None
         return resolve_run(plan.configs, overrides, "train.py", slots=slots, device="cuda" if slurm else None)[0]
     except ConfigError as error:
         files = " + ".join(str(path) for path in plan.configs)
-        raise plan.error(f"{stage.where()}: its config ({files} + the stage's keys) is refused, as deepy.py would "
-                         f"refuse it: {error}") from None
+        raise plan.error(f"{subject} config ({files} + {keys}) is refused, as deepy.py would refuse it: "
+                         f"{error}") from None
+
+
+def resolve_stage(plan: Plan, stage: Stage, slurm: bool) -> Config:
+    """The stage's config as its training launch resolves it; PlanError naming the stage if it is refused."""
+    return _resolve(plan, plan.stage_settings(stage), slurm, f"{stage.where()}: its", "the stage's keys")
+
+
+def job_settings(plan: Plan, resolved: list[ResolvedStage]) -> dict[str, Any]:
+    """An online plan's job file: the last stage's keys at the first stage's parameter-token counts, growing at
+    each stage's end to the next stage's counts."""
+    first, last = resolved[0].config, resolved[-1]
+    schedule = [{"iteration": plan.end(before.stage), **{key: getattr(after.config, key) for key in slot_keys()}}
+                for before, after in zip(resolved, resolved[1:])]
+    return {**plan.stage_settings(last.stage), **{key: getattr(first, key) for key in slot_keys()},
+            "growth_schedule": schedule}
 
 
 def _schedule_problem(plan: Plan, stage: Stage, cfg: Config) -> str | None:
+    if plan.online:
+        return _online_schedule_problem(plan, stage, cfg)
     if "lr_decay_iters" in stage.settings or cfg.lr_decay_iters == cfg.train_iters:
         return None
     return (f"{stage.where()}: key 'lr_decay_iters' is {cfg.lr_decay_iters} (from the shared configs) but the "
             f"stage trains train_iters {cfg.train_iters}: every stage runs its own warmup and decay from iteration "
             f"0, so set lr_decay_iters: {cfg.train_iters} in the stage (or drop lr_decay_iters from the shared "
             "configs: it then follows each stage's train_iters)")
+
+
+def _online_schedule_problem(plan: Plan, stage: Stage, cfg: Config) -> str | None:
+    last = plan.end(plan.stages[-1])
+    if stage.index or "lr_decay_iters" in stage.settings or cfg.lr_decay_iters == last:
+        return None
+    return (f"{stage.where()}: key 'lr_decay_iters' is {cfg.lr_decay_iters} (from the shared configs) but the online "
+            f"job trains until iteration {last}, on one warmup and decay: set lr_decay_iters: {last} in the first "
+            "stage, or drop lr_decay_iters from the shared configs (it then follows the job's length)")
 
 
 def _shrink_problem(plan: Plan, stage: Stage, source: Config, target: Config) -> str | None:
@@ -92,12 +117,17 @@ def _growth(plan: Plan, stage: Stage, source: Config, target: Config) -> GrowthP
     problem = _shrink_problem(plan, stage, source, target)
     if problem:
         raise plan.error(problem)
+    previous = plan.previous(stage)
     try:
-        return plan_growth(source, target)
+        growth = plan_growth(source, target)
     except ConfigError as error:
-        previous = plan.previous(stage)
         raise plan.error(f"{stage.where()} cannot be grown from stage {previous.name!r} by "
                          f"tools/grow_checkpoint.py: {error}") from None
+    if plan.online and growth.old_tokens == growth.new_tokens:
+        raise plan.error(f"{stage.where()} has the parameter-token counts of stage {previous.name!r}, so the online "
+                         f"job would not grow at its start: give it more tokens, or merge it into {previous.name!r} "
+                         f"(set {previous.name}'s train_iters to {plan.end(stage)})")
+    return growth
 
 
 def resolve_plan(plan: Plan, slurm: bool = False) -> list[ResolvedStage]:
@@ -116,5 +146,8 @@ def resolve_plan(plan: Plan, slurm: bool = False) -> list[ResolvedStage]:
                              "scratch and is not grown, so it has no n of √n to ramp from; set it in the stages that "
                              "are grown")
         growth = _growth(plan, stage, resolved[-1].config, cfg) if resolved else None
-        resolved.append(ResolvedStage(stage, cfg, growth))
+        steps = cfg.train_iters - (plan.start(stage) if plan.online else 0)
+        resolved.append(ResolvedStage(stage, cfg, growth, steps))
+    if plan.online:
+        _resolve(plan, job_settings(plan, resolved), slurm, "the online job's", "the job file's keys")
     return resolved

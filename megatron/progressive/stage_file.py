@@ -1,4 +1,5 @@
-"""work_dir/NAME/stage.yml: a stage's own keys as a config file, merged after the plan's configs.
+"""work_dir/NAME/stage.yml: a stage's own keys as a config file, merged after the plan's configs (online, one
+file for the whole job: work_dir/job/job.yml).
 
 Both deepy.py and tools/grow_checkpoint.py take config files, so the driver writes each stage's keys (and the
 directories it gives the stage) into one. A stage that has started keeps the keys it started with: if the
@@ -13,8 +14,11 @@ import yaml
 
 from megatron.progressive.plan import DRIVER_KEYS, Plan, Stage
 from megatron.progressive.progress import has_checkpoints
+from megatron.progressive.stage_config import ResolvedStage, job_settings
 
 HEADER = "# Written by tools/progressive_scaling.py from {plan}, stage {name}; edit the plan, not this file.\n"
+JOB_HEADER = ("# Written by tools/progressive_scaling.py --online from {plan}: every stage as one job, growing at each "
+              "stage's end; edit the plan, not this file.\n")
 
 
 def _own_keys(settings: dict) -> dict:
@@ -44,9 +48,18 @@ def check_started_stages_unchanged(plan: Plan) -> None:
 
 
 def write_stage_file(plan: Plan, stage: Stage) -> Path:
-    path = plan.stage_file(stage)
+    return _write(plan.stage_file(stage), HEADER.format(plan=plan.path, name=stage.name), plan.stage_settings(stage))
+
+
+def write_job_file(plan: Plan, resolved: list[ResolvedStage]) -> Path:
+    """An online plan's job file (stage_config.job_settings), written afresh before every launch: the lineage,
+    checked first, holds the started stages to their settings."""
+    return _write(plan.stage_file(plan.stages[-1]), JOB_HEADER.format(plan=plan.path), job_settings(plan, resolved))
+
+
+def _write(path: Path, header: str, settings: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = HEADER.format(plan=plan.path, name=stage.name) + yaml.safe_dump(plan.stage_settings(stage), sort_keys=False)
+    text = header + yaml.safe_dump(settings, sort_keys=False)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(text, encoding="utf-8")
     temporary.replace(path)

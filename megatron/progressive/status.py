@@ -1,5 +1,6 @@
 """--status: one line per stage, from the work_dir (how far each stage got, its losses, the growth check) and,
-for a SLURM chain, the state of each stage's newest jobs; then any started stage whose pinned lineage changed."""
+for a SLURM chain, the state of each stage's newest jobs (an online plan's one job on its last stage's line); then
+any started stage whose pinned lineage changed."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _progress(plan: Plan, resolved: list[ResolvedStage], entry: ResolvedStage) -
         return "not grown yet" if stage.index else "not started"
     state = "done" if iteration >= total else ("grown, not trained yet" if iteration == 0 else "training")
     text = f"{state}: iteration {iteration}/{total}"
-    if iteration != checkpoint_iteration(plan.checkpoints(stage)):
+    if not plan.online and iteration != checkpoint_iteration(plan.checkpoints(stage)):
         text += f" (its final checkpoint deleted after {plan.stages[stage.index + 1].name} grew from it)"
     loss = last_validation(plan, stage)
     if loss is not None and iteration:
