@@ -84,7 +84,7 @@ class Run:
     @property
     def compute(self) -> float:
         """Planned training FLOPs of the whole run."""
-        return sum(stage_cost(entry.config).training_flops for entry in self.stages)
+        return sum(stage_cost(entry.config, entry.steps).training_flops for entry in self.stages)
 
 
 def scaled(steps: int, scale: float) -> int:
