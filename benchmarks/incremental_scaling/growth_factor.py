@@ -142,17 +142,19 @@ def report(studies: dict[int, dict[str, Run]]) -> list[str]:
     first = studies[seeds[0]]
     losses = {key: [final_loss(studies[seed][key]) for seed in seeds] for key in first}
     budget = first[SCRATCH].compute
-    rows = ["| path | sizes (qkv/proj/ffn tokens) | steps | compute / scratch's | final valid loss | minus scratch's |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    parameters = stage_cost(first[SCRATCH].stages[0].config).parameters
+    rows = ["| path | sizes (qkv/proj/ffn tokens) | steps | tokens (per final parameter) | compute / scratch's | "
+            "final valid loss | minus scratch's |", "| --- | --- | --- | --- | --- | --- | --- |"]
     versus = {}
     for key, run in first.items():
         sizes = " → ".join("/".join(str(getattr(entry.config, slot)) for slot in slot_keys()) for entry in run.stages)
         steps = " + ".join(str(entry.steps) for entry in run.stages)
+        tokens = sum(stage_cost(entry.config, entry.steps).tokens_per_step * entry.steps for entry in run.stages)
         versus[key] = differences(losses[key], losses[SCRATCH])
         label = next((path.label for path in PATHS if path.key == key), "S3 from scratch")
         shown = "—" if key == SCRATCH else _compared(versus[key])
-        rows.append(f"| {label} | {sizes} | {steps} | {run.compute / budget:.3f} | {spread(losses[key]).text(4)} | "
-                    f"{shown} |")
+        rows.append(f"| {label} | {sizes} | {steps} | {tokens / 1e6:.2f}M ({tokens / parameters:.1f}) | "
+                    f"{run.compute / budget:.3f} | {spread(losses[key]).text(4)} | {shown} |")
     x2_x4 = differences(losses["x2"], losses["x4"])
     small_steps = differences(losses["sqrt2x4"], losses["x4"])
     lines = [*rows, "", f"Seeds {', '.join(map(str, seeds))}; differences are taken seed by seed and exceed the "
