@@ -55,9 +55,17 @@ class Job:
         return self.process.is_alive()
 
     def kill(self) -> None:
-        """SIGKILL to the leader and every rank, then reap the leader."""
+        """SIGKILL to the leader and every rank, then reap the leader and wait until every rank has exited: a
+        rank killed inside a write exits when the write returns, and holds its files and the save directory's
+        lock until then (a next start would find the directory in use)."""
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.join()
+        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+        while _group_running(self.process.pid):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"process group {self.process.pid} still running {JOB_TIMEOUT_SECONDS} s "
+                                     "after SIGKILL")
+            time.sleep(0.005)
 
     def wait(self, timeout: float = JOB_TIMEOUT_SECONDS) -> int:
         """The leader's exit code; kills the job and fails if it does not end within `timeout`."""
@@ -66,6 +74,18 @@ class Job:
             self.kill()
             raise AssertionError(f"the job did not end within {timeout} s:\n{self.log.read_text()}")
         return self.process.exitcode
+
+
+def _group_running(group: int) -> bool:
+    """Whether a process of process group `group` has not exited (a zombie has: it holds no file or lock)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # the process ended while it was read
+            continue
+        if state != "Z" and int(process_group) == group:
+            return True
+    return False
 
 
 def start_job(world_size: int, function: Callable, *args: Any, log: Path) -> Job:
