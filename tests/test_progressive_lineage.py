@@ -112,7 +112,8 @@ def test_redo_changed_redoes_the_changed_stage_grown_and_scored_anew(finished, d
     redone = run_driver(plan, "--redo-changed")
     assert f"s2: redone from scratch; its earlier directory is now {work}/replaced/s2-" in redone.stdout
     assert "s1: train" not in redone.stdout and "s2: grow s1's global_step4" in redone.stdout
-    assert "s2: score the grown checkpoint" in redone.stdout
+    assert "s2: the grown checkpoint is scored at the start of its training launch" in redone.stdout
+    assert "s2 grown from s1: validation loss" in redone.stdout
     (old,) = (work / "replaced").iterdir()
     assert (old / "checkpoints" / "latest").read_text().strip() == "global_step6"
     _, first_valid = stage_records(work, "s1")

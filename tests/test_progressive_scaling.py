@@ -183,7 +183,9 @@ def test_dry_run_prints_sizes_flops_and_every_command_and_runs_nothing(demo_data
     assert "| s2 | 128/128/512 |" in out and "Total training compute" in out
     steps = [line.split(":")[0].strip() for line in out.splitlines() if line.startswith("  s")]
     assert steps == ["s1 train", "s2 grow", "s2 evaluate", "s2 train", "s2 finish"]
-    assert "--tag global_step4" in out and "--reset-iteration" in out and "eval_only=true" in out
+    assert "--tag global_step4" in out and "--reset-iteration" in out
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("  s")}
+    assert "eval_at_start=true" in lines["s2 train"] and "eval_at_start" not in lines["s1 train"]  # scored first
     assert not (tmp_path / "work").exists()
 
 

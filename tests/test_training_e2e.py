@@ -82,7 +82,9 @@ def step_10_of(run_dir: Path, tmp_path: Path) -> Path:
     return resumed
 
 
-def test_resume_from_iteration_10_is_bitwise_identical(baseline_run, demo_data, tmp_path):
+def test_resume_from_iteration_10_is_bitwise_identical_even_scored_first(baseline_run, demo_data, tmp_path):
+    """eval_at_start (how tools/progressive_scaling.py scores a grown stage in its training launch) adds a
+    validation at the loaded iteration and changes nothing of the training."""
     run_dir, _ = baseline_run
     resumed = step_10_of(run_dir, tmp_path)
     result = run_deepy(
@@ -92,12 +94,17 @@ def test_resume_from_iteration_10_is_bitwise_identical(baseline_run, demo_data, 
         f"load={resumed}",
         f"save={resumed}",
         f"log_dir={tmp_path}/logs",
+        "eval_at_start=true",
     )
     assert "resumed from" in result.stdout and "warning: resuming at iteration" not in result.stdout
     expected = train_losses(run_dir / "logs")
     got = train_losses(tmp_path / "logs")
     assert sorted(got) == list(range(11, 41))
     assert all(got[i] == expected[i] for i in got), [(i, got[i], expected[i]) for i in got if got[i] != expected[i]]
+    valid = [(r["iteration"], r["lm_loss"]) for r in read_metrics(tmp_path / "logs") if r["split"] == "valid"]
+    baseline = [(r["iteration"], r["lm_loss"]) for r in read_metrics(run_dir / "logs") if r["split"] == "valid"]
+    assert [iteration for iteration, _ in valid] == [10, 20, 40] and valid[1:] == baseline
+    assert "validation at iteration 10" in result.stdout
 
 
 def test_a_resume_whose_schedule_jumps_the_learning_rate_says_which_keys_do_it(baseline_run, demo_data, tmp_path):

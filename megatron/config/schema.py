@@ -217,6 +217,10 @@ _TRAINING = (
         valid_range=AT_LEAST_ONE),
     Key("eval_iters", int, 100, "training", "Batches per evaluation.", valid_range=NON_NEGATIVE),
     Key("eval_only", bool, False, "training", "Evaluate the checkpoint in `load` on the validation split and exit."),
+    Key("eval_at_start", bool, False, "training",
+        "Evaluate on the validation split before the first training step, at the loaded iteration: a grown "
+        "checkpoint scored in the launch that trains it (tools/progressive_scaling.py sets it after a growth). "
+        "Not a GPT-NeoX key."),
     Key("seed", int, 1234, "training", "Seed for Python, NumPy and PyTorch.", valid_range=NON_NEGATIVE),
     Key("deterministic", bool, False, "training",
         "Deterministic kernels only (torch.use_deterministic_algorithms, a fixed cuBLAS workspace): two runs of "

@@ -1,7 +1,8 @@
 """The commands of a plan's steps: exactly what a person would type, so that --dry-run shows them and a log
 starts with them.
 
-Training and scoring are `deepy.py train.py` with the plan's configs and the stage file. Growth is
+Training is `deepy.py train.py` with the plan's configs and the stage file; a grown stage's first training
+launch scores the grown model before its first step (eval_at_start). Growth is
 tools/grow_checkpoint.py from the previous stage's final checkpoint (named by its tag, never `latest`, so a
 redone growth cannot pick up another checkpoint) into the stage's own checkpoints directory, with
 --reset-iteration: the stage starts at iteration 0 with its own warmup and schedule, as the official
@@ -24,13 +25,11 @@ DEEPY, TRAIN_SCRIPT = REPO / "deepy.py", REPO / "train.py"
 GROW_TOOL = REPO / "tools" / "grow_checkpoint.py"
 
 
+SCORE_FIRST = "eval_at_start=true"  # a grown stage's training launch scores the grown model before it trains
+
+
 def train_command(plan: Plan, stage: Stage, *overrides: str) -> list[str]:
     return [sys.executable, str(DEEPY), str(TRAIN_SCRIPT), *map(str, plan.config_files(stage)), *overrides]
-
-
-def evaluate_command(plan: Plan, stage: Stage) -> list[str]:
-    """Score the stage's newest checkpoint (after growth: the grown model) into the stage's metrics."""
-    return train_command(plan, stage, "eval_only=true")
 
 
 def source_tag(previous: Config) -> str:

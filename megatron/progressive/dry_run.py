@@ -3,7 +3,7 @@ commands of the steps still to do (all of them for a plan that has not started).
 
 from __future__ import annotations
 
-from megatron.progressive.commands import evaluate_command, grow_command, shown, train_command
+from megatron.progressive.commands import SCORE_FIRST, grow_command, shown, train_command
 from megatron.progressive.costs import flops, layout, schedule, stage_cost
 from megatron.progressive.plan import Plan
 from megatron.progressive.progress import EVALUATE, FINISH, GROW, TRAIN, Step
@@ -29,16 +29,17 @@ def stage_table(resolved: list[ResolvedStage]) -> list[str]:
             f"{flops(costs[-1].flops_per_token * tokens)}."]
 
 
-def _local_command(plan: Plan, by_name: dict[str, ResolvedStage], step: Step) -> str:
+def _local_command(plan: Plan, by_name: dict[str, ResolvedStage], step: Step, scored: bool) -> str:
+    """The step's command; `scored`: a training launch that scores the grown model first."""
     stage = step.stage
     if step.kind == GROW:
         previous = by_name[plan.previous(stage).name].config
         return shown(grow_command(plan, stage, previous))
     if step.kind == EVALUATE:
-        return shown(evaluate_command(plan, stage))
+        return f"in the training launch below ({SCORE_FIRST})"
     if step.kind == FINISH:
         return shown(["ln", "-sfn", str(plan.checkpoints(stage).relative_to(plan.work_dir)), str(plan.final)])
-    return shown(train_command(plan, stage))
+    return shown(train_command(plan, stage, *([SCORE_FIRST] if scored else [])))
 
 
 def step_commands(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], slurm: bool,
@@ -46,7 +47,9 @@ def step_commands(plan: Plan, resolved: list[ResolvedStage], steps: list[Step], 
     if slurm:
         return describe_chain(plan, resolved, steps, sbatch_options)
     by_name = {entry.stage.name: entry for entry in resolved}
-    return [f"{_step_name(plan, resolved, step)}: {_local_command(plan, by_name, step)}" for step in steps]
+    return [f"{_step_name(plan, resolved, step)}: "
+            f"{_local_command(plan, by_name, step, scored=before == Step(EVALUATE, step.stage))}"
+            for before, step in zip([None, *steps], steps)]
 
 
 def _step_name(plan: Plan, resolved: list[ResolvedStage], step: Step) -> str:

@@ -2,7 +2,8 @@
 
 One driver per work_dir at a time (a lock like a run's save directory). Before a stage trains, the driver waits
 for an earlier run of it that is still stopping (a driver killed mid-stage stops its ranks, which save first)
-to let go of the stage's save directory. After a growth is scored it prints the growth check: with
+to let go of the stage's save directory. A grown stage's first training launch scores the grown model before its
+first step (eval_at_start: no launch of its own), and the driver then prints the growth check: with
 growth_mode preserve the grown model's validation loss is the previous stage's last. Before each step the stage
 is resolved afresh and held to its lineage (lineage_check.py): a config file edited while the plan runs stops it.
 Just before a growth the stage is pinned again, now with the content of the checkpoint it grows from.
@@ -15,7 +16,7 @@ import sys
 import time
 
 from megatron.checkpoint.save_lock import SaveDirectoryInUse, check_save_directory_free, hold_save_directory
-from megatron.progressive.commands import evaluate_command, grow_command, source_tag, train_command
+from megatron.progressive.commands import SCORE_FIRST, grow_command, source_tag, train_command
 from megatron.progressive.lineage import pin_grown_sources, record_lineage
 from megatron.progressive.lineage_check import CHECK, check_unchanged, prepare_stages
 from megatron.progressive.plan import Plan, Stage
@@ -104,10 +105,8 @@ def _run(plan: Plan, resolved_stages: list[ResolvedStage], step: Step, echo: boo
         clear_incomplete_growth(plan, stage)
         record_lineage(plan, resolved_stages, stage)  # pinned to the source's content before anything is grown
         run_step(f"{stage.name} grow", grow_command(plan, stage, previous), log, echo)
-    elif step.kind == EVALUATE:
-        _say(f"{stage.name}: score the grown checkpoint; log: {log}")
-        run_step(f"{stage.name} evaluate", evaluate_command(plan, stage), log, echo)
-        _say(growth_check(plan, resolved))
+    elif step.kind == EVALUATE:  # always followed by the stage's training, whose launch scores it first
+        _say(f"{stage.name}: the grown checkpoint is scored at the start of its training launch")
     elif step.kind == TRAIN:
         _train(plan, resolved_stages, step.stage, echo)
     elif step.kind == FINISH:
@@ -121,18 +120,22 @@ def _train(plan: Plan, resolved_stages: list[ResolvedStage], stage: Stage, echo:
     target = resolved_stages[-1] if plan.online else resolved_stages[stage.index]
     name, directory = ("job", plan.job_directory) if plan.online else (stage.name, plan.directory(stage))
     start, end = checkpoint_iteration(plan.checkpoints(stage)) or 0, target.config.train_iters
+    score_first = not plan.online and stage.index > 0 and start == 0 and growth_validation(plan, stage) is None
     growths = [f"at {plan.start(entry.stage)} into {entry.stage.name}" for entry in resolved_stages[1:]
                if plan.online and plan.start(entry.stage) >= start]
     log = directory / f"{TRAIN}.log"
     _say(f"{name}: train iterations {start + 1}-{end}" + "".join(f", growing {growth}" for growth in growths)
          + f"; log: {log}")
     wait_for_save_directory(plan, stage)
-    seconds = run_step(f"{name} train", train_command(plan, stage), log, echo)
+    command = train_command(plan, stage, *([SCORE_FIRST] if score_first else []))
+    seconds = run_step(f"{name} train", command, log, echo)
     reached = checkpoint_iteration(plan.checkpoints(stage))
     if reached is None or reached < end:
         where = "the online job" if plan.online else stage.where()
         raise plan.error(f"{where}: training stopped at iteration {reached} of {end} (exit_interval, "
                          "exit_duration_in_mins or a signal); run the same command again to continue")
+    if score_first:
+        _say(growth_check(plan, target))
     loss = last_validation(plan, target.stage)
     _say(f"{name}: trained in {seconds:.0f} s" + (f", last validation loss {loss:.4f}" if loss else ""))
 

@@ -400,6 +400,8 @@ def pretrain(cfg) -> RunState:
     if cfg.eval_only:
         trainer.evaluate()
     else:
+        if cfg.eval_at_start:
+            trainer.evaluate()
         trainer.train()
         just_evaluated = cfg.eval_interval and trainer.state.iteration % cfg.eval_interval == 0
         if not (trainer.state.exit_reason or just_evaluated):
