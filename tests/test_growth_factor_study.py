@@ -6,17 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from benchmarks.incremental_scaling import growth_factor
 from benchmarks.incremental_scaling.growth_factor import PATHS, SCRATCH, report, write_runs
-
-
-def shared(directory, demo_data):
-    path = directory / "shared.yml"
-    path.write_text(yaml.safe_dump({"data_path": f"{demo_data}/demo_text_document",
-                                    "vocab_file": f"{demo_data}/tokenizer.json"}))
-    return path
+from tests.test_scaling_study import shared
 
 
 def test_every_path_is_an_online_job_ending_at_the_final_model_on_the_scratch_runs_compute(demo_data, tmp_path):

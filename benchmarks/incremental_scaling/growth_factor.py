@@ -26,19 +26,16 @@ WORK_DIR/results/growth_factor.md and stdout.
 from __future__ import annotations
 
 import argparse
-import math
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
 
 from benchmarks.incremental_scaling.comparison import Spread, differences, spread
 from benchmarks.incremental_scaling.curves import validation_points
 from benchmarks.incremental_scaling.run_study import check_one_epoch, corpus, corpus_line, write_shared
-from benchmarks.incremental_scaling.runs import SEEDS, TEMPLATE, Run, scaled
+from benchmarks.incremental_scaling.runs import SEEDS, TEMPLATE, Run, scaled, write_plan
 from megatron.config import ConfigError
 from megatron.model.spec import slot_keys
 from megatron.progressive.commands import REPO
@@ -79,13 +76,6 @@ def final_counts(template: Path) -> dict[str, int]:
     return {key: last[key] for key in slot_keys()}
 
 
-def _write(path: Path, configs: list[Path], work_dir: Path, stages: list[dict[str, Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"configs": [str(c) for c in configs], "work_dir": str(work_dir),
-                                    "stages": stages}, sort_keys=False), encoding="utf-8")
-    return path
-
-
 def _stage_compute(run: Run, index: int) -> float:
     entry = run.stages[index]
     return stage_cost(entry.config, entry.steps).training_flops
@@ -106,7 +96,7 @@ def write_runs(work_dir: Path, shared: Path, seed: int, scale: float, template: 
     makes its compute the scratch run's. PlanError for anything the driver would refuse."""
     configs, final = [*read_plan(template).configs, shared], final_counts(template)
     plans = work_dir / "plans"
-    scratch_path = _write(plans / f"{SCRATCH}.yml", configs, work_dir / SCRATCH,
+    scratch_path = write_plan(plans / f"{SCRATCH}.yml", configs, work_dir / SCRATCH,
                           [{"name": "s3", **final, "seed": seed, "train_iters": scaled(SCRATCH_ITERS, scale)}])
     scratch = read_plan(scratch_path)
     runs = {SCRATCH: Run(SCRATCH, scratch, resolve_plan(scratch))}
@@ -115,12 +105,12 @@ def write_runs(work_dir: Path, shared: Path, seed: int, scale: float, template: 
         plan_file = plans / f"{path.key}.yml"
         # first with one final step, to price the sizes before it; then the final stage sized to the budget
         probe = path_stages(path, final, pre_steps, 1, seed)
-        draft = read_plan(_write(plan_file, configs, work_dir / path.key, probe), online=True)
+        draft = read_plan(write_plan(plan_file, configs, work_dir / path.key, probe), online=True)
         draft_run = Run(path.key, draft, resolve_plan(draft))
         before = sum(_stage_compute(draft_run, index) for index in range(len(probe) - 1))
         final_step = _stage_compute(draft_run, len(probe) - 1)
         stages = path_stages(path, final, pre_steps, max(1, round((budget - before) / final_step)), seed)
-        plan = read_plan(_write(plan_file, configs, work_dir / path.key, stages), online=True)
+        plan = read_plan(write_plan(plan_file, configs, work_dir / path.key, stages), online=True)
         runs[path.key] = Run(path.key, plan, resolve_plan(plan))
     return runs
 

@@ -91,7 +91,8 @@ def scaled(steps: int, scale: float) -> int:
     return max(2, round(steps * scale))
 
 
-def _write(path: Path, configs: list[Path], work_dir: Path, stages: list[dict[str, Any]]) -> Path:
+def write_plan(path: Path, configs: list[Path], work_dir: Path, stages: list[dict[str, Any]]) -> Path:
+    """A plan file for tools/progressive_scaling.py at `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"configs": [str(c) for c in configs], "work_dir": str(work_dir),
                                     "stages": stages}, sort_keys=False), encoding="utf-8")
@@ -143,7 +144,7 @@ def write_runs(work_dir: Path, shared: Path, scale: float, seed: int, template: 
     plans = work_dir / "plans"
 
     def run(key: str, name: str, run_stages: list[dict[str, Any]]) -> Run:
-        return _run(key, _write(plans / f"{name}.yml", configs, work_dir / name, run_stages))
+        return _run(key, write_plan(plans / f"{name}.yml", configs, work_dir / name, run_stages))
 
     runs = {key: run(key, "progressive" if key == "progressive" else f"progressive_{key}",
                      [first, *({**stage, **keys(stage)} for stage in stages[1:])]) for key, (_, keys) in GROWN.items()
