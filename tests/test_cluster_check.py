@@ -483,7 +483,10 @@ def test_a_bandwidth_floor_above_what_gloo_gives_fails_the_collectives_of_two_no
                              "all-gather within a node (node-b)", f"across nodes (rank 0 on {HOST}; rank 2 on node-b)",
                              f"reduce-scatter across nodes (rank 1 on {HOST}; rank 3 on node-b)")
     assert report_sections(tmp_path / "logs")["environment"] == PASS
-    assert len(findings.split("\n- **")) - 1 == 3 * 5  # three operations over the world, two nodes, two pairs
+    # three operations over the world, two nodes, two pairs; a straggler finding may come beside them on a loaded
+    # machine (4 ranks timing a matrix multiply on 2 cores shared with other tests)
+    floor_findings = [item for item in findings.split("\n- **")[1:] if "below the floor" in item]
+    assert len(floor_findings) == 3 * 5, findings
 
 
 def test_a_section_is_skipped_when_an_earlier_one_found_its_premise_false():
