@@ -137,7 +137,7 @@ def report(studies: dict[int, dict[str, Run]]) -> list[str]:
             "final valid loss | minus scratch's |", "| --- | --- | --- | --- | --- | --- | --- |"]
     versus = {}
     for key, run in first.items():
-        sizes = " → ".join("/".join(str(getattr(entry.config, slot)) for slot in slot_keys()) for entry in run.stages)
+        sizes = " → ".join(entry.slots for entry in run.stages)
         steps = " + ".join(str(entry.steps) for entry in run.stages)
         tokens = sum(stage_cost(entry.config, entry.steps).tokens_per_step * entry.steps for entry in run.stages)
         versus[key] = differences(losses[key], losses[SCRATCH])

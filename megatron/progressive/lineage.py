@@ -19,7 +19,6 @@ default of this version, and is named as one.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -51,8 +50,8 @@ def _pinned(key: str) -> bool:
 def _pinned_in_checkpoints(plan: Plan, stage: Stage) -> str | None:
     """The source digest the newest of the stage's checkpoints that has one carries in its growth record (online,
     of the job's checkpoints after the stage before's end, up to the stage's own)."""
-    first, last = (plan.start(stage) + 1, plan.end(stage)) if plan.online else (0, math.inf)
-    tags = [tag_dir for iteration, tag_dir in committed_tags(plan.checkpoints(stage)) if first <= iteration <= last]
+    tags = [tag_dir for iteration, tag_dir in committed_tags(plan.checkpoints(stage))
+            if not plan.online or iteration in plan.iterations(stage)]
     for tag_dir in tags:
         try:
             digest = (read_growth_record(tag_dir) or {}).get("source_sha256")

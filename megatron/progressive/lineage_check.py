@@ -70,10 +70,11 @@ def _refusal(plan: Plan, stage: Stage, changes: list) -> str:
 
 
 def _unpinned_refusal(plan: Plan, stage: Stage, reason: str) -> str:
+    redo = _redo_advice(plan, stage) if plan.online else (
+        f"with {REDO_FLAG} to redo it{_grown_from(plan, stage)} (their directories are moved to "
+        f"{plan.work_dir / REPLACED}/)")
     return (f"{stage.where()} has started but is not pinned: {reason}, so nothing shows it was started from the "
-            f"plan as it is now. Run again with {ADOPT_FLAG} to pin it as the plan gives it now, or " + (
-                _redo_advice(plan, stage) if plan.online else f"with {REDO_FLAG} to redo it{_grown_from(plan, stage)} "
-                f"(their directories are moved to {plan.work_dir / REPLACED}/)"))
+            f"plan as it is now. Run again with {ADOPT_FLAG} to pin it as the plan gives it now, or {redo}")
 
 
 def _move_aside(plan: Plan, stage: Stage) -> Path:

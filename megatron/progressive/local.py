@@ -122,7 +122,7 @@ def _train(plan: Plan, resolved_stages: list[ResolvedStage], stage: Stage, echo:
     start, end = checkpoint_iteration(plan.checkpoints(stage)) or 0, target.config.train_iters
     score_first = not plan.online and stage.index > 0 and start == 0 and growth_validation(plan, stage) is None
     growths = [f"at {plan.start(entry.stage)} into {entry.stage.name}" for entry in resolved_stages[1:]
-               if plan.online and plan.start(entry.stage) >= start]
+               if plan.start(entry.stage) >= start] if plan.online else []
     log = directory / f"{TRAIN}.log"
     _say(f"{name}: train iterations {start + 1}-{end}" + "".join(f", growing {growth}" for growth in growths)
          + f"; log: {log}")

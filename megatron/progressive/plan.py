@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +63,15 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """`online`: the stages run as one job (work_dir/job/) that grows at each stage's end (online_rules.py)."""
+    """`online`: the stages run as one job (work_dir/job/) that grows at each stage's end (online_rules.py);
+    `job_defaults`: the keys the driver gives that job where the plan's config files leave them unset."""
 
     path: Path
     configs: tuple[Path, ...]
     work_dir: Path
     stages: tuple[Stage, ...]
     online: bool = False
+    job_defaults: tuple[tuple[str, Any], ...] = ()
 
     def error(self, message: str) -> PlanError:
         return PlanError(f"{self.path}: {message}")
@@ -100,6 +102,11 @@ class Plan:
         previous = self.previous(stage)
         return 0 if previous is None else self.end(previous)
 
+    def iterations(self, stage: Stage) -> range:
+        """An online stage's iterations in the job's count: after the stage before's end (whose checkpoint holds
+        the model before the growth) through its own; the first stage's from 0."""
+        return range(self.start(stage) + 1 if stage.index else 0, self.end(stage) + 1)
+
     def stage_file(self, stage: Stage) -> Path:
         """The YAML file merged after `configs` for this stage (written by the driver); online, the job's."""
         return self.job_directory / "job.yml" if self.online else self.directory(stage) / "stage.yml"
@@ -117,9 +124,7 @@ class Plan:
             return {**stage.settings, **directories}
         grown = {key: value for later in self.stages[1:] for key, value in later.settings.items()
                  if key in GROWTH_KEYS} if stage.index else {}
-        decayed = values_set(self.configs).get("lr_decay_iters") is not None  # None follows train_iters: the stage's
-        decay = {} if decayed else {"lr_decay_iters": self.end(self.stages[-1])}
-        return {**decay, **self.stages[0].settings, **grown, **stage.settings, **directories}
+        return {**dict(self.job_defaults), **self.stages[0].settings, **grown, **stage.settings, **directories}
 
     def previous(self, stage: Stage) -> Stage | None:
         return self.stages[stage.index - 1] if stage.index else None
@@ -214,11 +219,16 @@ def parse_plan(path: str | Path, content: Any, online: bool = False) -> Plan:
     if not isinstance(stages, list) or not stages:
         raise PlanError(f"{path}: stages must be a non-empty list of mappings, each with a name")
     plan = Plan(path, _path_list(path, content["configs"]), work_dir,
-                tuple(_stage(path, index, raw, seen) for index, raw in enumerate(stages)), online)
-    problem = online_problem(plan.stages) if online else None
+                tuple(_stage(path, index, raw, seen) for index, raw in enumerate(stages)))
+    if not online:
+        return plan
+    problem = online_problem(plan.stages)
     if problem:
         raise plan.error(f"it cannot run --online: {problem}")
-    return plan
+    # The job decays over its whole length; lr_decay_iters None (or unset) would follow a stage's own train_iters.
+    decays = values_set(plan.configs).get("lr_decay_iters") is not None
+    return replace(plan, online=True, job_defaults=(
+        () if decays else (("lr_decay_iters", plan.end(plan.stages[-1])),)))
 
 
 def read_plan(path: str | Path, online: bool = False) -> Plan:

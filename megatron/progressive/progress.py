@@ -71,9 +71,9 @@ def has_checkpoints_of(plan: Plan, stage: Stage) -> bool:
     the stage before's end (the checkpoint at that end holds the model before the growth, and a resume of it
     grows again)."""
     tags = committed_tags(plan.checkpoints(stage))
-    if not plan.online or not stage.index:
+    if not plan.online:
         return bool(tags)
-    return any(iteration > plan.start(stage) for iteration, _ in tags)
+    return any(iteration >= plan.iterations(stage).start for iteration, _ in tags)
 
 
 def validation_losses(plan: Plan, stage: Stage) -> dict[int, float]:
@@ -85,8 +85,7 @@ def validation_losses(plan: Plan, stage: Stage) -> dict[int, float]:
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     losses = {record["iteration"]: record["lm_loss"] for record in records if record.get("split") == "valid"}
     if plan.online:
-        first = plan.start(stage) + 1 if stage.index else 0
-        return {iteration: loss for iteration, loss in losses.items() if first <= iteration <= plan.end(stage)}
+        return {iteration: loss for iteration, loss in losses.items() if iteration in plan.iterations(stage)}
     return losses
 
 
@@ -138,7 +137,7 @@ def stage_iteration(plan: Plan, resolved: list[ResolvedStage], stage: Stage,
         return None
     if plan.online:
         reached = checkpoint_iteration(plan.checkpoints(stage))
-        started = reached is not None and (reached > plan.start(stage) or not stage.index)
+        started = reached is not None and reached >= plan.iterations(stage).start
         return min(reached, plan.end(stage)) if started else None
     following = plan.stages[stage.index + 1] if stage.index + 1 < len(plan.stages) else None
     if following is not None and following.name not in redone and superseded(plan, resolved, stage):
