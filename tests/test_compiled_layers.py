@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from megatron.config import load_config
 from megatron.model import TokenFormerArgs
 from megatron.model.compile import compile_layers
 from megatron.model.layer import TokenFormerLayer
-from megatron.training import pretrain
 from tests.conftest import REPO, read_metrics
-from tests.distributed import run_on_ranks
+from tests.distributed import train_on_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +34,11 @@ RELATIVE_TOLERANCE = 1e-5
 # No dropout: compiled code draws its masks with inductor's own generator, so they differ from eager's.
 
 
-def train(overrides: list[str]) -> None:
-    world_size = dist.get_world_size()
-    pretrain(load_config([TINY], [*overrides, f"num_gpus={world_size}"], world_size=world_size))
-
-
 def run(world_size: int, run_dir: Path, demo_data: Path, *overrides: str) -> dict[int, dict]:
-    run_on_ranks(world_size, train, [
-        f"data_path={demo_data}/demo_text_document", f"vocab_file={demo_data}/tokenizer.json", FUSED,
-        f"train_iters={ITERATIONS}", f"lr_decay_iters={ITERATIONS}", "eval_iters=0", "eval_interval=1000",
-        "gradient_accumulation_steps=1", f"log_dir={run_dir}/logs", *overrides], timeout=900)
+    train_on_ranks(world_size, [TINY], f"data_path={demo_data}/demo_text_document",
+                   f"vocab_file={demo_data}/tokenizer.json", FUSED, f"train_iters={ITERATIONS}",
+                   f"lr_decay_iters={ITERATIONS}", "eval_iters=0", "eval_interval=1000", "gradient_accumulation_steps=1",
+                   f"log_dir={run_dir}/logs", *overrides, timeout=900)
     return {r["iteration"]: r for r in read_metrics(run_dir / "logs") if r["split"] == "train"}
 
 
