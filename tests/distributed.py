@@ -4,14 +4,16 @@
     spawn(body, 2, *args)
 
     results = run_on_ranks(4, function, *args)   # [rank 0's return value, rank 1's, ...]
+    train_on_ranks(2, [config], "key=value", ...)  # train.py's work on each rank
 
 Each process gets MASTER_ADDR/PORT, RANK and WORLD_SIZE, initialises the
 default group, runs the function, and tears the group down. A failure on any
 rank fails the test with that rank's traceback, and the processes are stopped.
 
 The processes are forked from the test process, so they start at once with
-torch and DeepSpeed already imported and with whatever kernels the test
-process has already warmed up. Each uses one intra-op thread (OpenMP must
+torch, DeepSpeed, the trainer and what building an engine imports already
+imported (the imports below), and with whatever kernels the test process has
+already warmed up. Each uses one intra-op thread (OpenMP must
 not be used across a fork, and the machine has few cores). Return values travel
 back through torch.save, so tensors, dicts and lists are fine.
 """

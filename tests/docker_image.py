@@ -7,8 +7,9 @@ import re
 
 BASE_IMAGE = "localhost/debian:bookworm"
 ROOTFS_MIRROR = "http://deb.debian.org/debian"
-CPU_REQUIREMENTS = ("requirements.txt requirements-dev.txt requirements-logging.txt requirements-eval.txt "
-                    "requirements-mpi.txt")
+# The GPU image's files (the Dockerfile's REQUIREMENTS: the core, MPI, logging) and the test tools its unit tests
+# run with; not lm-eval's (eval.py), which the GPU image leaves out too and which made a sixth of the build.
+CPU_REQUIREMENTS = "requirements.txt requirements-dev.txt requirements-logging.txt requirements-mpi.txt"
 # torch==2.13.0 from PyPI is the CUDA build; the CPU build comes from PyTorch's index (or a local wheel folder).
 CPU_TORCH_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
