@@ -1,16 +1,19 @@
-"""The CPU image's build for tests/test_docker_image.py, and its unit tests run in it, in a process of its own.
+"""The CPU image's build for tests/test_docker_image.py, and the steps run in it, in a process of its own.
 
 The build mostly waits on the network and the disk (Debian's archive, PyPI, unpacking), so when the session will
 run the image test, tests/conftest.py starts it as the session begins and the rest of the suite runs meanwhile;
 the test then waits for it (or, run alone, starts it itself). The process installs podman, runc and debootstrap
 if missing, makes the Debian base image if missing (kept between runs), builds the project's image from the
-unchanged Dockerfile, and runs the image's unit tests (docker_image.IMAGE_TESTS) in it at a low CPU weight: in
+unchanged Dockerfile, and runs docker_image.STEPS in it (the image's unit tests, docker_image.IMAGE_TESTS; the
+demo corpus; 20 iterations and a resume to 30, so that the test, run last, only checks their outputs) at a low
+CPU weight: in
 a cgroup of half the default weight (cpu.shares 512, cpu.weight 50) they get about a third of the cores while the
 suite's two workers want them all, the whole of what those leave idle, and never nothing (a nice value alone
 would not do: the container runs in a cgroup, or an autogroup, of its own, which at the default weight takes
 half the machine; a cgroup marked idle starved it until its own tests' wall-clock timeouts failed: a two-rank
-fixture got no result in 300 s). It ends by writing WORK_DIR/result.json: the image's tag and those tests' exit
-status and output, or the step that failed with its command and the end of its output.
+fixture got no result in 300 s). It ends by writing WORK_DIR/result.json: the image's tag and each step's exit
+status and output (the steps' data and checkpoints folders are WORK_DIR/data and WORK_DIR/checkpoints), or the
+build step that failed with its command and the end of its output.
 
     python -m tests.docker_build WORK_DIR TAG
 """
@@ -37,12 +40,12 @@ from tests import docker_image
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 BUILD_SECONDS = 2400
-# Those tests take about 35 CPU-seconds (the whole unit tier took 325 on the same machine, 2026-11-29), minutes at
-# their low weight beside the suite; a slow machine may take several times that. The timeout's message shows the
-# output's end. (Not pytest's faulthandler_timeout: its watchdog, armed in pytest's process, does not survive a
-# fork, and a forked rank that then cancels a faulthandler timer of its own, as the hang watch does, waits for
-# that thread for ever.)
-UNIT_TIER_SECONDS = 3600
+# A step's limit. The unit tests take about 35 CPU-seconds (the whole unit tier took 325 on the same machine,
+# 2026-11-29), minutes at their low weight beside the suite; a slow machine may take several times that. The
+# timeout's message shows the output's end. (Not pytest's faulthandler_timeout: its watchdog, armed in pytest's
+# process, does not survive a fork, and a forked rank that then cancels a faulthandler timer of its own, as the
+# hang watch does, waits for that thread for ever.)
+STEP_SECONDS = 3600
 
 
 class BuildFailed(Exception):
@@ -139,22 +142,33 @@ def _remove_folder(directory: Path) -> None:
         pass  # something still runs there, or it is gone
 
 
-def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
-    """The image's unit tests, as docs/cluster.md shows them (its own empty data and checkpoints folders
-    mounted), at a low CPU weight: {"code": its exit status, "output": the end of its output}."""
-    folders = [work_dir / "unit-tier-data", work_dir / "unit-tier-checkpoints"]
+def run_steps(work_dir: Path, tag: str) -> dict[str, dict[str, object]]:
+    """docker_image.STEPS in the image, in order, as docs/cluster.md shows them (the data and checkpoints folders
+    `work_dir`/data and `work_dir`/checkpoints mounted, owned by the image's user), each at a low CPU weight:
+    {step name: {"code": its exit status, "output": the end of its output}}, up to the first that fails."""
+    folders = [work_dir / "data", work_dir / "checkpoints"]
     for folder in folders:
         folder.mkdir()
         os.chown(folder, docker_image.IMAGE_UID, docker_image.IMAGE_UID)
-    name = f"tokenformer-unit-tier-{os.getpid()}"
-    command = docker_image.run(tag, *map(str, folders), *docker_image.STEPS[docker_image.UNIT_TIER_STEP])
-    command[2:2] = ["--name", name]
+    records = {}
+    for name, argv in docker_image.STEPS.items():
+        records[name] = _run_at_low_weight(work_dir, docker_image.run(tag, *map(str, folders), *argv))
+        if records[name]["code"] != 0:
+            break
+    return records
+
+
+def _run_at_low_weight(work_dir: Path, command: list[str]) -> dict[str, object]:
+    """`command` (a `podman run`) in a cgroup of half the default CPU weight where podman takes one: {"code": its
+    exit status, None if it did not finish in time, "output": the end of its output}."""
+    name = f"tokenformer-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    command = [*command[:2], "--name", name, *command[2:]]
     cgroup = f"tokenformer-test-low-{os.getpid()}"
     low = [command[:2] + [f"--cgroup-parent=/{cgroup}"] + command[2:]] if _low_weight_cgroup(cgroup) else []
     env = podman_env(work_dir)
     try:
         for attempt in [*low, command]:  # without the cgroup if podman refuses it (exit status 125: its own error)
-            result = subprocess.run(attempt, env=env, capture_output=True, text=True, timeout=UNIT_TIER_SECONDS)
+            result = subprocess.run(attempt, env=env, capture_output=True, text=True, timeout=STEP_SECONDS)
             if result.returncode != 125:
                 break
     except subprocess.TimeoutExpired as timeout:
@@ -162,7 +176,7 @@ def unit_tier(work_dir: Path, tag: str) -> dict[str, object]:
         subprocess.run(["podman", "rm", "--force", "--time", "0", name], env=env, capture_output=True)
         output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part or ""
                          for part in (timeout.stdout, timeout.stderr))
-        return {"code": None, "output": f"did not finish in {UNIT_TIER_SECONDS} s: {docker_image.shell(command)}\n"
+        return {"code": None, "output": f"did not finish in {STEP_SECONDS} s: {docker_image.shell(command)}\n"
                                         f"{output[-6000:]}"}
     finally:
         _remove_cgroup(cgroup)
@@ -206,14 +220,15 @@ class BackgroundBuild:
             return False
 
     def result(self) -> dict[str, object]:
-        """Once built and its unit tests run: {"tag": the image's tag, "unit_tier": unit_tier()'s record};
-        BuildFailed otherwise."""
-        deadline = time.monotonic() + BUILD_SECONDS + UNIT_TIER_SECONDS
+        """Once built and its steps run: {"tag": the image's tag, "steps": run_steps()'s records, "checkpoints": the
+        steps' checkpoints folder}; BuildFailed otherwise."""
+        allowed = BUILD_SECONDS + len(docker_image.STEPS) * STEP_SECONDS
+        deadline = time.monotonic() + allowed
         result_file = self.work_dir / "result.json"
         while not result_file.exists() and self._running():
             if time.monotonic() > deadline:
                 self.stop()
-                raise BuildFailed(f"the image's build did not finish in {BUILD_SECONDS + UNIT_TIER_SECONDS} s")
+                raise BuildFailed(f"the image's build and steps did not finish in {allowed} s")
             time.sleep(1)
         if not result_file.exists():
             raise BuildFailed(f"the build process ended without a result:\n"
@@ -281,7 +296,8 @@ def main(argv: list[str]) -> int:
     except BuildFailed as failure:
         _write_result(work_dir, {"error": str(failure)})
         return 1
-    _write_result(work_dir, {"tag": tag, "unit_tier": unit_tier(work_dir, tag)})
+    steps = run_steps(work_dir, tag)
+    _write_result(work_dir, {"tag": tag, "steps": steps, "checkpoints": str(work_dir / "checkpoints")})
     return 0
 
 

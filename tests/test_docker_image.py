@@ -1,14 +1,14 @@
 """The Docker image, really built and run: the Dockerfile's CPU variant under podman, as its non-root user.
 
-The base image is made here from Debian's archive (debootstrap; cached between runs as
-localhost/debian:bookworm), the project's image is built from the unchanged Dockerfile with the CPU
-requirement set, and in the container, offline, with data/ and a checkpoints folder mounted from the host:
-the unit tests of what the image provides run (docker_image.IMAGE_TESTS), the demo corpus is built, the demo config trains 20 iterations on 2 processes and
-resumes to 30. On the host, the checkpoints written inside are owned by the image's user and readable,
-load with the framework and export with tools/convert_to_hf.py. Each failure names its step; the image
-is removed afterwards (the base stays). The build, and those tests in the image, run in a process of its own
-(tests/docker_build.py), started with the session when it runs this test, which runs last. `make docker-test`
-runs this file alone.
+The base image is made here from Debian's archive (debootstrap; cached between runs as localhost/debian:bookworm),
+the project's image is built from the unchanged Dockerfile with the CPU requirement set, and in the container,
+offline, with data/ and a checkpoints folder mounted from the host: the unit tests of what the image provides run
+(docker_image.IMAGE_TESTS), the demo corpus is built, the demo config trains 20 iterations on 2 processes and
+resumes to 30. On the host, the checkpoints written inside are owned by the image's user and readable, load with
+the framework and export with tools/convert_to_hf.py. Each failure names its step; the image is removed afterwards
+(the base stays). The build and the steps in the image run in a process of its own (tests/docker_build.py), started
+with the session when it runs this test, which runs last and checks what they left. `make docker-test` runs this
+file alone.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,10 +66,14 @@ def built(podman, tmp_path_factory) -> dict:
 
 
 def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(built, podman, tmp_path):
-    image, unit_tier = built["tag"], built["unit_tier"]
-    command = docker_image.shell(docker_image.STEPS[docker_image.UNIT_TIER_STEP])
-    assert unit_tier["code"] == 0, f"step 'unit tests' exited {unit_tier['code']}: {command}\n{unit_tier['output']}"
-    assert re.search(r"\d+ passed", unit_tier["output"]) and " failed" not in unit_tier["output"], unit_tier["output"]
+    image, steps = built["tag"], built["steps"]
+    for name, argv in docker_image.STEPS.items():
+        assert name in steps, f"step '{name}' did not run: an earlier step failed"
+        code, output = steps[name]["code"], steps[name]["output"]
+        assert code == 0, f"step '{name}' exited {code}: {docker_image.shell(argv)}\n{output}"
+    unit_tier = steps[docker_image.UNIT_TIER_STEP]["output"]
+    assert re.search(r"\d+ passed", unit_tier) and " failed" not in unit_tier, unit_tier
+    assert "resumed from checkpoints/demo at iteration 20" in steps["resume"]["output"], steps["resume"]["output"]
     installed = step("pip freeze", ["podman", "run", "--rm", image, "pip", "freeze"], podman)
     frozen = dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)$", installed, re.MULTILINE))
     frozen = {re.sub(r"[-_.]+", "-", name).lower(): version.split("+")[0] for name, version in frozen.items()}
@@ -78,14 +83,7 @@ def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(bui
     assert not [name for name in frozen if name.startswith("nvidia-")], "a CPU image without CUDA libraries"
     assert step("user", ["podman", "run", "--rm", image, "id", "-u"], podman).strip() == str(IMAGE_UID)
 
-    data, checkpoints = tmp_path / "data", tmp_path / "checkpoints"
-    for folder in (data, checkpoints):
-        folder.mkdir()
-        os.chown(folder, IMAGE_UID, IMAGE_UID)
-    outputs = {name: step(name, docker_image.run(image, str(data), str(checkpoints), *argv), podman)
-               for name, argv in docker_image.STEPS.items() if name != docker_image.UNIT_TIER_STEP}
-    assert "resumed from checkpoints/demo at iteration 20" in outputs["resume"], outputs["resume"][-3000:]
-
+    checkpoints = Path(built["checkpoints"])
     run_dir = checkpoints / "demo"
     metrics = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
     trained = [record["iteration"] for record in metrics if record["split"] == "train"]
