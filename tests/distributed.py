@@ -4,7 +4,6 @@
     spawn(body, 2, *args)
 
     results = run_on_ranks(4, function, *args)   # [rank 0's return value, rank 1's, ...]
-    train_on_ranks(2, [config], "key=value", ...)  # train.py's work on each rank
 
 Each process gets MASTER_ADDR/PORT, RANK and WORLD_SIZE, initialises the
 default group, runs the function, and tears the group down. A failure on any
@@ -110,16 +109,3 @@ def spawn(body: Callable[..., Any], world_size: int, *args: Any) -> None:
     """`body(rank, world_size, *args)` on every rank, for its assertions."""
     run_on_ranks(world_size, _with_rank, body, args)
 
-
-def _pretrain(config_files: list[str], overrides: list[str]) -> None:
-    from megatron.config import load_config
-    from megatron.training import pretrain
-
-    world_size = dist.get_world_size()
-    pretrain(load_config(config_files, [*overrides, f"num_gpus={world_size}"], world_size=world_size))
-
-
-def train_on_ranks(world_size: int, config_files: list[str], *overrides: str, timeout: float = 300) -> None:
-    """What train.py does on each rank of a deepy.py launch, on forked ranks: for a test of training itself, at a
-    fraction of a launch's cost (deepy.py's own checks and fresh processes are the launch tests' subject)."""
-    run_on_ranks(world_size, _pretrain, [str(path) for path in config_files], list(overrides), timeout=timeout)

@@ -20,7 +20,8 @@ from megatron.model import TokenFormerArgs
 from megatron.model.compile import compile_layers
 from megatron.model.layer import TokenFormerLayer
 from tests.conftest import REPO, read_metrics
-from tests.distributed import train_on_ranks
+from tests.distributed import run_on_ranks
+from tests.test_tensor_parallel_training import train
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +36,10 @@ RELATIVE_TOLERANCE = 1e-5
 
 
 def run(world_size: int, run_dir: Path, demo_data: Path, *overrides: str) -> dict[int, dict]:
-    train_on_ranks(world_size, [TINY], f"data_path={demo_data}/demo_text_document",
-                   f"vocab_file={demo_data}/tokenizer.json", FUSED, f"train_iters={ITERATIONS}",
-                   f"lr_decay_iters={ITERATIONS}", "eval_iters=0", "eval_interval=1000", "gradient_accumulation_steps=1",
-                   f"log_dir={run_dir}/logs", *overrides, timeout=900)
+    run_on_ranks(world_size, train, [
+        f"data_path={demo_data}/demo_text_document", f"vocab_file={demo_data}/tokenizer.json", FUSED,
+        f"train_iters={ITERATIONS}", f"lr_decay_iters={ITERATIONS}", "eval_iters=0", "eval_interval=1000",
+        "gradient_accumulation_steps=1", f"log_dir={run_dir}/logs", *overrides], timeout=900)
     return {r["iteration"]: r for r in read_metrics(run_dir / "logs") if r["split"] == "train"}
 
 

@@ -9,8 +9,9 @@ import shutil
 import pytest
 
 from tests.conftest import read_metrics
-from tests.distributed import train_on_ranks
-from tests.test_training_e2e import TINY, data_overrides
+from tests.distributed import run_on_ranks
+from tests.test_tensor_parallel_training import train
+from tests.test_training_e2e import data_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -23,16 +24,16 @@ def train_losses(log_dir) -> dict[int, float]:
 
 
 def test_dense_transformer_trains_and_resumes_bitwise(demo_data, tmp_path):
-    train_on_ranks(2, [TINY], *data_overrides(demo_data), *DENSE, f"save={tmp_path}/run", f"log_dir={tmp_path}/logs",
-                   "extra_save_iters=[10]")
+    run_on_ranks(2, train, [*data_overrides(demo_data), *DENSE, f"save={tmp_path}/run", f"log_dir={tmp_path}/logs",
+                            "extra_save_iters=[10]"])
     losses = train_losses(tmp_path / "logs")
     assert sorted(losses) == list(range(1, 21)) and losses[1] - losses[20] > 0.5, losses
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(tmp_path / "run" / "global_step10", resumed / "global_step10")
     (resumed / "latest").write_text("global_step10")
-    train_on_ranks(2, [TINY], *data_overrides(demo_data), *DENSE, f"load={resumed}", f"save={resumed}",
-                   f"log_dir={tmp_path}/resumed_logs")
+    run_on_ranks(2, train, [*data_overrides(demo_data), *DENSE, f"load={resumed}", f"save={resumed}",
+                            f"log_dir={tmp_path}/resumed_logs"])
     got = train_losses(tmp_path / "resumed_logs")
     assert sorted(got) == list(range(11, 21))
     assert all(got[i] == losses[i] for i in got), [(i, got[i], losses[i]) for i in got]
