@@ -25,14 +25,14 @@ backward and the optimizer step, flash and fused alternating. MFU = tokens/s × 
 --peak-tflops (e.g. the data sheet's dense bf16 figure). The allocator is set up as a training rank's
 (megatron/runtime/entry.py: expandable segments).
 
-Flash runs the l2 Θ in its Triton kernels (megatron/model/pattention/flash_triton.py) and softmax in blocks of
-rows (flash.py). "launches" gives the kernels one forward + backward of each launches at the 1-5B FFN shape
-(benchmarks/launches.py). --tiles-sweep times the kernels (l2_norm_gelu) at the 1-5B shapes with each tile
+"flash" is what auto runs on CUDA: blocks of rows (flash.py), Θ in Triton tiles; "kern" its whole-Pattention
+Triton kernels for the l2 Θ (megatron/model/pattention/flash_triton.py, flash_backend: kernels). "launches" gives
+the kernels one forward + backward of each launches at the 1-5B FFN shape (benchmarks/launches.py). --tiles-sweep times the kernels (l2_norm_gelu) at the 1-5B shapes with each tile
 configuration of TILES_SWEEP, with their peak memory: the figures that set flash_triton.TILES on a GPU.
 --blocks-sweep times the blocks (softmax) cutting the --tokens input rows into each number of blocks of
 BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
---profile prints torch.profiler's kernel table of one flash and one fused forward + backward (l2_norm_gelu, the
-1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
+--profile prints torch.profiler's kernel table of one flash, kernels and fused forward + backward (l2_norm_gelu,
+the 1-5B FFN shape). --no-steps times the kernels only (benchmarks/gpu_check.py
 measures training through deepy.py instead); --json also writes every row to FILE.
 
 Last line: "ratio: flash (Triton) Pattention time / six GEMMs = X (all shapes and Θ; worst Y); training-step
@@ -51,6 +51,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.timing import fastest
+from megatron.model.pattention.registry import FLASH_KERNEL_THETAS
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEVICE = "cuda"  # every tensor is placed through this name
@@ -105,7 +106,8 @@ def by_registry(impl: str, backend: str) -> Callable:
     return compute
 
 
-flash = by_registry("flash", "triton")
+flash = by_registry("flash", "triton")  # its blocks of rows, Θ in Triton tiles: what auto runs on CUDA
+kernels = by_registry("flash", "kernels")  # its whole-Pattention Triton kernels (l2 Θ), flash_backend: kernels
 fused = by_registry("fused", "triton")  # what `pattention_impl: fused` runs on CUDA
 fused_pytorch = by_registry("fused", "pytorch")  # its PyTorch passes, the CPU's path
 
@@ -122,7 +124,7 @@ def shape_tensors(shape: tuple[str, int, int, int], tokens: int, dtype: torch.dt
 
 def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dtype: torch.dtype,
                repeats: int) -> dict:
-    """One Θ and shape: the variants' fastest times and flash's peak memory over fused's."""
+    """One Θ and shape: the variants' fastest times and flash's peak memory (and its kernels') over fused's."""
     from benchmarks.pattention import forward_backward, gemms_only
 
     name, d, n, _ = shape
@@ -131,14 +133,17 @@ def kernel_row(norm_type: str, shape: tuple[str, int, int, int], tokens: int, dt
              "fused": forward_backward(fused, x, keys, values, norm_type, grad_out),
              "fused pytorch": forward_backward(fused_pytorch, x, keys, values, norm_type, grad_out),
              "flash": forward_backward(flash, x, keys, values, norm_type, grad_out)}
+    if norm_type in FLASH_KERNEL_THETAS:
+        steps["kernels"] = forward_backward(kernels, x, keys, values, norm_type, grad_out)
     times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
     peaks = {}
-    for key in ("fused", "fused pytorch", "flash"):
+    for key in [key for key in steps if key != "gemms"]:
         for t in (x, *keys, *values):
             t.grad = None
         peaks[key] = peak_step_bytes(steps[key])
     return {"norm": norm_type, "name": name, "d": d, "n": n, **times, "peak": peaks["flash"] / peaks["fused"],
-            "peak vs fused pytorch": peaks["flash"] / peaks["fused pytorch"]}
+            "peak vs fused pytorch": peaks["flash"] / peaks["fused pytorch"],
+            "kernels peak": peaks["kernels"] / peaks["fused"] if "kernels" in peaks else None}
 
 
 # benchmarks/pattention.py's configs (sized for a CPU) and the largest, which a GPU can afford.
@@ -158,15 +163,15 @@ def kernel_rows(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
 
 
 def launch_counts(tokens: int, dtype: torch.dtype) -> list[dict]:
-    """Kernels one forward + backward launches at the 1-5B FFN shape, flash and fused, for each l2 Θ."""
+    """Kernels one forward + backward launches at the 1-5B FFN shape, flash, its kernels and fused, for each l2 Θ."""
     from benchmarks.launches import device_launches
     from benchmarks.pattention import forward_backward
 
-    x, keys, values, grad_out = shape_tensors(LARGEST_CONFIG_SHAPES[-1], tokens, dtype)
+    x, keys, values, grad_out = shape_tensors(largest_ffn_shape(), tokens, dtype)
     rows = []
-    for norm_type in ("l2_norm_gelu", "gelu_l2_norm"):
+    for norm_type in FLASH_KERNEL_THETAS:
         row = {"norm": norm_type}
-        for name, function in (("flash", flash), ("fused", fused)):
+        for name, function in (("flash", flash), ("kernels", kernels), ("fused", fused)):
             step = forward_backward(function, x, keys, values, norm_type, grad_out)
             step()  # compiled before it is counted
             row[name] = dataclasses.asdict(device_launches(step))
@@ -181,15 +186,10 @@ TILES_SWEEP = ((64, 64, 64, 128, 8), (64, 64, 32, 128, 8), (64, 32, 32, 256, 8),
 
 def tiles_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
     """flash's kernels (l2_norm_gelu) at the largest config's shapes with each tile configuration of TILES_SWEEP,
-    and flash's blocks with the Triton tiles on the same Θ ("blocks", what the kernels replaced): time over the
-    six GEMMs' and peak memory (MiB), alternating as the kernel rows do. "default" marks flash_triton.TILES'
-    own."""
-    from benchmarks.pattention import forward_backward, gemms_only
-    from megatron.model.pattention import flash_triton, tiles_triton
-    from megatron.model.pattention.flash import flash_pattentions
-
-    def blocks(x, keys, values, norm_type):
-        return flash_pattentions(x, keys, values, norm_type, 1.0, [k.shape[0] for k in keys], tiles=tiles_triton)
+    and flash's blocks with the Triton tiles on the same Θ ("blocks", what auto runs): time over the six GEMMs'
+    and peak memory (MiB), alternating as the kernel rows do. "default" marks flash_triton.TILES' own."""
+    from benchmarks.pattention import config_shapes, forward_backward, gemms_only
+    from megatron.model.pattention import flash_triton
 
     default = flash_triton.TILES["default"]
 
@@ -204,13 +204,13 @@ def tiles_sweep(tokens: int, dtype: torch.dtype, repeats: int) -> list[dict]:
         return run
 
     results = []
-    for shape in LARGEST_CONFIG_SHAPES:
+    for shape in config_shapes(GPU_CONFIGS[-1]):
         x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
         steps = {"gemms": lambda: gemms_only(x, keys, values, grad_out)}
         for sizes in TILES_SWEEP:
-            steps[sizes] = with_tiles(sizes, forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out))
+            steps[sizes] = with_tiles(sizes, forward_backward(kernels, x, keys, values, "l2_norm_gelu", grad_out))
             steps[sizes]()  # compiled before it is timed
-        steps["blocks"] = forward_backward(blocks, x, keys, values, "l2_norm_gelu", grad_out)
+        steps["blocks"] = forward_backward(flash, x, keys, values, "l2_norm_gelu", grad_out)
         times = fastest({key: synchronized(step) for key, step in steps.items()}, repeats)
         for sizes in (*TILES_SWEEP, "blocks"):
             for t in (x, *keys, *values):
@@ -286,7 +286,7 @@ def kernel_profile(norm_type: str, shape: tuple[str, int, int, int], tokens: int
     name, d, n, _ = shape
     x, keys, values, grad_out = shape_tensors(shape, tokens, dtype)
     tables = []
-    for label, function in (("flash", flash), ("fused", fused)):
+    for label, function in (("flash", flash), ("kernels", kernels), ("fused", fused)):
         step = synchronized(forward_backward(function, x, keys, values, norm_type, grad_out))
         step()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -371,22 +371,23 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; tokens={options.tokens} {options.dtype} "
           f"(TF32 matmul {torch.backends.cuda.matmul.allow_tf32}); fastest of {options.repeats} alternating runs (ms)")
     header = (f"{'Θ':<13} {'layer':<14} {'d':>5} {'n':>5} {'GEMMs':>8} {'fused':>8} {'flash':>8} "
-              f"{'fused/G':>8} {'flash/G':>8} {'f-pt/G':>8} {'peak fl/f':>9}")
+              f"{'fused/G':>8} {'flash/G':>8} {'f-pt/G':>8} {'peak fl/f':>9} {'kern/G':>8} {'peak k/f':>9}")
     print(header)
     print("-" * len(header))
     rows = kernel_rows(options.tokens, dtype, options.repeats)
     for r in rows:
         print(f"{r['norm']:<13} {r['name']:<14} {r['d']:>5} {r['n']:>5} {r['gemms'] * 1e3:>8.2f} "
               f"{r['fused'] * 1e3:>8.2f} {r['flash'] * 1e3:>8.2f} {r['fused'] / r['gemms']:>8.2f} "
-              f"{r['flash'] / r['gemms']:>8.2f} {r['fused pytorch'] / r['gemms']:>8.2f} {r['peak']:>9.2f}")
+              f"{r['flash'] / r['gemms']:>8.2f} {r['fused pytorch'] / r['gemms']:>8.2f} {r['peak']:>9.2f} "
+              + (f"{r['kernels'] / r['gemms']:>8.2f} {r['kernels peak']:>9.2f}" if "kernels" in r else ""))
     fused_over_gemms = sum(r["fused"] for r in rows) / sum(r["gemms"] for r in rows)
     flash_over_gemms = sum(r["flash"] for r in rows) / sum(r["gemms"] for r in rows)
     worst = max(r["flash"] / r["gemms"] for r in rows)
     launches = launch_counts(options.tokens, dtype)
-    print(f"\nlaunches of one forward + backward at {LARGEST_CONFIG_SHAPES[-1][0]} (Triton + torch kernels):")
+    print(f"\nlaunches of one forward + backward at {largest_ffn_shape()[0]} (Triton + torch kernels):")
     for r in launches:
-        print(f"{r['norm']:<13} flash {r['flash']['triton']} + {r['flash']['torch']}, "
-              f"fused {r['fused']['triton']} + {r['fused']['torch']}")
+        print(f"{r['norm']:<13} " + ", ".join(f"{name} {r[name]['triton']} + {r[name]['torch']}"
+                                              for name in ("flash", "kernels", "fused")))
     tiles = tiles_sweep(options.tokens, dtype, options.repeats) if options.tiles_sweep else None
     if tiles:
         print("\nflash's kernels by tiles (rows x tokens x step x output width; l2_norm_gelu; * = TILES'; blocks: "

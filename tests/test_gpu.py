@@ -90,16 +90,16 @@ def poisoned_allocations(monkeypatch):
 CASES = {"ragged": (300, 96, 80, [1100, 1300, 900], 0.7), "large n": (96, 64, 48, [16684, 16500, 17000], 1.3)}
 
 
-@pytest.mark.parametrize("impl", ["flash", "fused"])
+@pytest.mark.parametrize(("impl", "backend"), [("flash", "kernels"), ("flash", "triton"), ("fused", "triton")])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
 def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, poisoned_allocations, norm_type,
-                                                          dtype, case, impl):
-    """flash and fused Pattentions with the Triton backend on CUDA tensors (kernels compiled, not interpreted)
+                                                          dtype, case, impl, backend):
+    """flash and fused Pattentions with Triton backends on CUDA tensors (kernels compiled, not interpreted)
     against autograd through the plain formula, on fresh random inputs each run (the seed is in the failure
-    message): for flash, the l2 Θ in flash_triton's kernels (rows, tokens and widths ending in ragged tiles),
-    softmax in blocks of 64 rows (a ragged last one); three
+    message): flash with `kernels` runs the l2 Θ in flash_triton's kernels (rows, tokens and widths ending in
+    ragged tiles), and otherwise blocks of 64 rows (a ragged last one) with Θ in Triton tiles; three
     Pattentions of one input with different token counts, τ ≠ 1, every fresh float buffer poisoned with NaN. fp32
     with TF32 off: within 1e-5 of the plain formula in fp32, relative to each tensor's largest entry. bf16: within
     1e-2 of the exact (fp64) result in relative norm, or 1.25× the plain formula's own bf16 error if larger."""
@@ -120,7 +120,7 @@ def test_compiled_triton_kernels_equal_the_plain_formula(monkeypatch, no_tf32, p
         return torch.stack([pattention(x, k, v, norm_type, tau, c) for k, v, c in zip(keys, values, counts)])
 
     def flashed(x, keys, values):
-        return pattentions_function(impl, "triton")(x, keys, values, norm_type, tau, counts)
+        return pattentions_function(impl, backend)(x, keys, values, norm_type, tau, counts)
 
     exact = pattention_results(plain, x, keys, values)
     cast = x.to(dtype), [k.to(dtype) for k in keys], [v.to(dtype) for v in values]
@@ -163,14 +163,15 @@ TRAINING_SEQUENCES, TRAINING_LENGTH = 9, 512
 LOSS_RTOL = 2**-8
 
 
-def training_setup(impl: str, device: str) -> tuple[TokenFormerModel, torch.optim.Optimizer, torch.Tensor]:
+def training_setup(impl: str, device: str, backend: str = "auto"
+                   ) -> tuple[TokenFormerModel, torch.optim.Optimizer, torch.Tensor]:
     """A bf16 2-layer model at the 150M config's width (d 768, 12 heads, its slot numbers; sequences of 512, a
     1024-token vocabulary) from fixed initial weights, AdamW, and 4 fixed batches [4, sequences, length + 1]."""
     from benchmarks.paper_configs import paper_args
 
     args = paper_args("150M", num_layers=2, seq_length=TRAINING_LENGTH, max_position_embeddings=TRAINING_LENGTH,
                       padded_vocab_size=1024, checkpoint_activations=False, pattention_impl=impl,
-                      flash_backend="auto", seed=11)
+                      flash_backend=backend, seed=11)
     model = TokenFormerModel(args).to(device=device, dtype=torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     shape = (4, TRAINING_SEQUENCES, TRAINING_LENGTH + 1)
@@ -178,11 +179,11 @@ def training_setup(impl: str, device: str) -> tuple[TokenFormerModel, torch.opti
     return model, optimizer, batches
 
 
-def training_losses(impl: str, device: str, steps: int = 20) -> list[float]:
+def training_losses(impl: str, device: str, backend: str = "auto", steps: int = 20) -> list[float]:
     """Losses of `steps` AdamW steps of training_setup's model over its batches."""
     from megatron.training.step import lm_loss
 
-    model, optimizer, batches = training_setup(impl, device)
+    model, optimizer, batches = training_setup(impl, device, backend)
     losses = []
     for step in range(steps):
         tokens = batches[step % len(batches)]
@@ -194,10 +195,12 @@ def training_losses(impl: str, device: str, steps: int = 20) -> list[float]:
     return losses
 
 
-def test_flash_and_fused_train_a_150M_wide_model_to_the_same_losses():
-    """20 steps from the same weights over the same batches, each over many of flash's row tiles: flash (its
-    Triton kernels, the default on CUDA) and fused give the same loss at every step to bf16 precision
-    (LOSS_RTOL), and the loss falls."""
-    fused, flashed = (torch.tensor(training_losses(impl, "cuda")) for impl in ("fused", "flash"))
+@pytest.mark.parametrize("backend", ["auto", "kernels"])
+def test_flash_and_fused_train_a_150M_wide_model_to_the_same_losses(backend):
+    """20 steps from the same weights over the same batches: flash (its blocks with Triton tiles, auto's choice
+    on CUDA, or with `kernels` its Triton kernels over many row and token tiles) and fused give the same loss at
+    every step to bf16 precision (LOSS_RTOL), and the loss falls."""
+    fused = torch.tensor(training_losses("fused", "cuda"))
+    flashed = torch.tensor(training_losses("flash", "cuda", backend))
     torch.testing.assert_close(flashed, fused, rtol=LOSS_RTOL, atol=0)
     assert fused[-1] < fused[0] - 0.05

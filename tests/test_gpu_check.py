@@ -154,7 +154,7 @@ def test_the_gpu_tiers_flash_training_check_runs_flashs_kernels_over_many_row_an
     from megatron.model.pattention.registry import FLASH_KERNEL_THETAS
     from tests.test_gpu import training_setup
 
-    model, _, batches = training_setup("flash", "cpu")
+    model, _, batches = training_setup("flash", "cpu", "kernels")
     mlp = model.layers[0].mlp
-    assert mlp.impl == "flash" and mlp.theta in FLASH_KERNEL_THETAS and batches.dtype == torch.int64
+    assert mlp.impl == "flash" and mlp.flash_backend == "kernels" and mlp.theta in FLASH_KERNEL_THETAS and batches.dtype == torch.int64
     assert batches[0, :, :-1].numel() >= 8 * TILES["default"].m and len(mlp.key_param_tokens) >= 8 * TILES["default"].n

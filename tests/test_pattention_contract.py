@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron.model.args import FLASH_BACKENDS, NORM_ACTIVATIONS, PATTENTION_IMPLS
+from megatron.model.args import FLASH_BACKENDS, NORM_ACTIVATIONS, PATTENTION_IMPLS, TRITON_BACKENDS
 from megatron.model.pattention import (
     ParallelPattention,
     Pattention,
@@ -32,8 +32,9 @@ from megatron.model.pattention.fused import fused_pattention
 from megatron.model.pattention.registry import IMPLEMENTATIONS, TILE_BACKENDS
 from tests.distributed import run_on_ranks
 
-IMPLS = [("plain", "auto"), ("fused", "auto"), ("flash", "pytorch"), ("flash", "triton"), ("fused", "triton")]
-IMPL_IDS = ["plain", "fused", "flash-pytorch", "flash-triton", "fused-triton"]
+IMPLS = [("plain", "auto"), ("fused", "auto"), ("flash", "pytorch"), ("flash", "triton"), ("flash", "kernels"),
+         ("fused", "triton")]
+IMPL_IDS = ["plain", "fused", "flash-pytorch", "flash-triton", "flash-kernels", "fused-triton"]
 EXACT_IMPLS, EXACT_IDS = IMPLS[:3], IMPL_IDS[:3]  # fp64 throughout (the Triton kernels compute in fp32)
 L2 = ("l2_norm_gelu", "gelu_l2_norm")
 
@@ -42,7 +43,7 @@ def assert_matches(got, want, backend, exact=(1e-10, 1e-12)):
     """fp64 implementations within `exact` (rtol, atol) elementwise; the Triton kernels, which compute in fp32,
     within 1e-5 of the tensor's largest entry (elementwise, a row sum whose terms cancel has a large relative
     error in fp32 however right the kernel is)."""
-    if backend == "triton":
+    if backend in TRITON_BACKENDS:
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
     else:
         torch.testing.assert_close(got, want, rtol=exact[0], atol=exact[1])
@@ -238,7 +239,8 @@ def test_names_are_checked_with_every_choice_listed():
         Pattention(4, 4, 4, "relu")
     with pytest.raises(ValueError, match=re.escape("pattention_impl='fast': must be one of plain, fused, flash")):
         pattentions_function("fast")
-    with pytest.raises(ValueError, match=re.escape("flash_backend='cuda': must be one of auto, pytorch, triton")):
+    expected = "flash_backend='cuda': must be one of auto, pytorch, triton, kernels"
+    with pytest.raises(ValueError, match=re.escape(expected)):
         Pattention(4, 4, 4, impl="flash", flash_backend="cuda")
 
 
@@ -368,7 +370,7 @@ def test_preserve_growth_keeps_the_function_and_n(monkeypatch, impl, backend, th
     assert bigger.key_param_tokens.shape == (15, 8) and bigger.value_param_tokens.shape == (15, 6)
     assert torch.equal(bigger.key_param_tokens[10:], torch.zeros(5, 8, dtype=dtype))
     assert bigger.value_param_tokens[10:].abs().sum() > 0
-    torch.testing.assert_close(bigger(x), layer(x), rtol=0, atol=atol if backend != "triton" else 1e-6)
+    torch.testing.assert_close(bigger(x), layer(x), rtol=0, atol=atol if backend not in TRITON_BACKENDS else 1e-6)
     # the grown layer keeps the original n, saved with its weights
     assert bigger.state_dict()["norm_token_count"].item() == 10 and bigger.norm_token_count.dtype == torch.int64
 

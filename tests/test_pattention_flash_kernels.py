@@ -4,7 +4,7 @@ gradients) on shapes that end in a ragged tile on every axis (input rows, parame
 Pattentions of one input with norm_token_count ≠ n; a grown layer with frozen old tokens keeps its function to the
 bit; what they keep for backward and hold at their peak does not grow with n; and one forward + backward launches
 as many kernels at 16,384 tokens as at 2,048, at most fused's + 3. Tensor parallelism (token blocks on 2 and 4
-gloo ranks) is tests/test_pattention_contract.py's token-block test, whose flash-triton case runs these kernels.
+gloo ranks) is tests/test_pattention_contract.py's token-block test, whose flash-kernels case runs these kernels.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_the_kernels_equal_the_reference_in_fp64_and_fused_in_fp32_and_bf16(thet
     1.25 × fused's own bf16 error where that is larger."""
     x, keys, values = inputs()
     assert ROWS % TILES.m and N % TILES.n and D_IN % TILES.d and D_OUT % TILES.d and D_OUT > TILES.k
-    got = results(by_registry("flash", "triton", theta), x, keys, values, dtype)
+    got = results(by_registry("flash", "kernels", theta), x, keys, values, dtype)
     exact = results(reference(theta), x, keys, values, torch.float64)
     names = ["Y", "dX", *(f"dK{b}" for b in range(3)), *(f"dV{b}" for b in range(3))]
     assert got[0].shape == (3, ROWS, D_OUT)
@@ -98,7 +98,7 @@ def test_a_grown_layer_with_frozen_old_tokens_keeps_every_bit_and_trains_its_new
     order), and the new tokens' gradients, the only ones, equal fused's to fp32 precision (relative to dK's
     largest)."""
     x, (key,), (value,) = inputs(count=1)
-    layer = Pattention(D_IN, D_OUT, N, theta, TAU, impl="flash", flash_backend="triton", device=DEVICE)
+    layer = Pattention(D_IN, D_OUT, N, theta, TAU, impl="flash", flash_backend="kernels", device=DEVICE)
     with torch.no_grad():
         layer.key_param_tokens.copy_(key)
         layer.value_param_tokens.copy_(value)
@@ -136,7 +136,8 @@ def test_kept_and_peak_memory_do_not_grow_with_n():
         x, key, value = (t.float().requires_grad_() for t in (x, *keys, *values))
 
         def forward(impl="flash"):
-            return pattentions_function(impl, "triton")(x, [key], [value], theta, 1.0, [n])
+            backend = "kernels" if impl == "flash" else "triton"
+            return pattentions_function(impl, backend)(x, [key], [value], theta, 1.0, [n])
 
         kept.append(saved_activation_bytes(forward, exclude=(x, key, value)))
         for impl in ("flash", "fused"):
@@ -172,9 +173,31 @@ def test_one_forward_and_backward_launches_as_many_kernels_at_16384_tokens_as_at
     three of one input (Q, K, V: their dX summed in the kernels)."""
     monkeypatch.setitem(flash_triton.TILES, DEVICE if DEVICE == "cpu" else "default",
                         flash_triton.Tiles(2048, 16, 16, 16))
-    flash, fused = pattentions_function("flash", "triton"), pattentions_function("fused", "triton")
+    flash, fused = pattentions_function("flash", "kernels"), pattentions_function("fused", "triton")
     one = [launches(flash, tokens) for tokens in (2048, 16384)]
     assert one[0] == one[1]
     for count, flashed in ((1, one[0]), (3, launches(flash, 2048, count=3))):
         by_fused = [launches(fused, tokens, count) for tokens in (64, 128)]
         assert by_fused[0] == by_fused[1] and flashed.total <= by_fused[0].total + 3, (count, flashed, by_fused[0])
+
+
+def test_only_the_kernels_backend_runs_the_kernels_and_auto_on_cuda_runs_the_blocks(monkeypatch):
+    """flash_backend kernels runs flash_triton's kernels for the l2 Θ; triton, and auto on CUDA (which resolves to
+    triton), run flash's blocks of rows with Triton tiles, computing the same values: the kernels trained 44x
+    slower than fused on an H200 (benchmarks/RESULTS.md), so no default reaches them."""
+    from megatron.model.pattention.registry import resolved_backend
+
+    calls = []
+    kernels = flash_triton.flash_kernel_pattentions
+    monkeypatch.setattr(flash_triton, "flash_kernel_pattentions", lambda *args: calls.append(args) or kernels(*args))
+    x, keys, values = inputs()
+    outputs = {}
+    for backend in ("triton", "kernels"):
+        calls.clear()
+        outputs[backend] = pattentions_function("flash", backend)(x.float(), [k.float() for k in keys],
+                                                                  [v.float() for v in values], "l2_norm_gelu", TAU,
+                                                                  COUNTS)
+        assert len(calls) == (backend == "kernels"), backend
+    assert resolved_backend("auto", torch.device("cuda")) == "triton"
+    torch.testing.assert_close(outputs["triton"], outputs["kernels"], rtol=0,
+                               atol=1e-5 * outputs["triton"].abs().max().item())

@@ -44,7 +44,7 @@ Largest micro-batch (sequences of seq_length on one GPU), ZeRO-1 over D data-par
     budget        (1 − reserve) · GPU memory − model states; the reserve (default 10 %) is left for the
                   allocator's fragmentation, kernel workspaces, DeepSpeed's communication buckets and the
                   backward's transient buffers (one Pattention's at a time: fused at most two [tokens, n] fp32
-                  buffers; flash's Triton kernels (l2 Θ on CUDA) nothing of n, its blocks (flash.py) a few
+                  buffers; flash's Triton kernels (flash_backend: kernels) nothing of n, its blocks (flash.py) a few
                   [rows, n] ones, rows = max(MIN_ROWS, tokens / BLOCKS); the activations' gradients), which the
                   formula leaves out.
 The GPU figures take z = 4 and assume SDPA's flash or memory-efficient kernel (fp32 log-sum-exp, output laid

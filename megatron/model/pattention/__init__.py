@@ -3,8 +3,8 @@
     theta.py     Θ and the row statistics every implementation shares
     plain.py     the reference formula under autograd            (pattention_impl: plain)
     fused.py     one autograd node keeping one score matrix      (pattention_impl: fused)
-    flash_triton.py   Triton kernels keeping no score tile in device memory  (pattention_impl: flash; l2 Θ, Triton)
-    flash.py     blocks of input rows, keeping no score matrix   (pattention_impl: flash; the others)
+    flash.py     blocks of input rows, keeping no score matrix   (pattention_impl: flash)
+    flash_triton.py   Triton kernels keeping no score tile in device memory  (flash; l2 Θ, flash_backend: kernels)
     tiles_torch.py, tiles_triton.py   Θ's tile backends           (flash_backend: pytorch, triton)
     registry.py  implementation and tile backend by name
     layer.py     `Pattention`, the nn.Module, usable on its own in any PyTorch code
@@ -12,7 +12,7 @@
     parallel.py  `ParallelPattention`, the layer split over the tensor-parallel ranks
 
 Importing this package never imports Triton: tiles_triton and flash_triton are loaded when a Pattention runs with
-the Triton backend.
+a Triton backend.
 """
 
 from megatron.model.args import NORM_ACTIVATIONS

@@ -1,6 +1,6 @@
 """Flash Pattention: Θ(τ·X·K_Pᵀ)·V_P without ever holding the [tokens × n] score matrix of all input rows, in
-blocks of rows: every Θ on the PyTorch tile backend, softmax on the Triton one (the l2 Θ with Triton run
-flash_triton.py's kernels, which hold no score block either; registry.py chooses).
+blocks of rows, Θ on the PyTorch or the Triton tile backend (with flash_backend: kernels the l2 Θ run
+flash_triton.py's kernels instead, which hold no score block either; registry.py chooses).
 
 The input rows are cut into at most BLOCKS blocks of whole rows (row_blocks: ceil(tokens / BLOCKS) rows a
 block, never fewer than the device type's MIN_ROWS). Θ normalises each score row on its own (its statistics

@@ -3,12 +3,15 @@
 
     plain   plain.py: the reference formula under autograd (about three [tokens, n] tensors kept)
     fused   fused.py: one autograd node keeping one [tokens, n] score matrix for backward
-    flash   keeping the input and O(tokens) statistics, whatever n is: with the Triton backend and an l2 Θ,
-            flash_triton.py's kernels (no score tile leaves the chip); otherwise flash.py's blocks of input rows
+    flash   keeping the input and O(tokens) statistics, whatever n is: flash.py's blocks of input rows; with
+            the kernels backend and an l2 Θ, flash_triton.py's kernels (no score tile leaves the chip)
 The tile backend (config key flash_backend) runs Θ's elementwise work of flash's blocks, and of fused where it
 is Triton:
               pytorch   tiles_torch.py for flash; fused's own PyTorch passes
               triton    tiles_triton.py (Triton kernels; on a CPU only under Triton's interpreter)
+              kernels   as triton, and flash's l2 Θ in flash_triton.py's whole-Pattention kernels: opted into,
+                        never chosen by auto (a 4-layer 1-5B step: 44x slower than fused on an H200, where
+                        the blocks ran 1.8x slower on an H100; benchmarks/RESULTS.md, "GPU check, 2026-11-30")
               auto      triton on CUDA tensors, pytorch elsewhere
 
 Every implementation is called as f(x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum,
@@ -39,9 +42,10 @@ IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
 TILE_BACKENDS: dict[str, str] = {
     "pytorch": "megatron.model.pattention.tiles_torch",
     "triton": "megatron.model.pattention.tiles_triton",
+    "kernels": "megatron.model.pattention.tiles_triton",
 }
 FLASH_KERNELS = "megatron.model.pattention.flash_triton"
-# The Θ flash_triton.py's kernels compute; flash with the Triton backend runs the others in blocks of rows.
+# The Θ flash_triton.py's kernels compute; flash with the kernels backend runs the others in blocks of rows.
 FLASH_KERNEL_THETAS = ("l2_norm_gelu", "gelu_l2_norm")
 
 
@@ -94,7 +98,7 @@ def pattentions_function(impl: str, flash_backend: str = "auto") -> Callable[...
                    reduce_max: Reduce = identity) -> Tensor:
         backend = resolved_backend(flash_backend, x.device)
         tiles = tile_functions(flash_backend, x.device)  # a failed Triton import: one error, whatever the path
-        if impl == "flash" and backend == "triton" and theta in FLASH_KERNEL_THETAS:
+        if impl == "flash" and backend == "kernels" and theta in FLASH_KERNEL_THETAS:
             return _imported(FLASH_KERNELS).flash_kernel_pattentions(
                 x, key_tokens, value_tokens, theta, tau, norm_token_counts, reduce_sum, reduce_max)
         # fused without Triton runs its own PyTorch passes, not tiles_torch's
