@@ -56,7 +56,7 @@ def measure(config: str, layers: int | None, impl: str, limit: int) -> dict:
     device = torch.device("cuda")
     model = TokenFormerModel(args, device=device).to(torch.bfloat16)
     params = parameter_count(args)
-    optimizer_states = torch.empty(3 * params, dtype=torch.float32, device=device)  # master, m, v
+    _optimizer_states = torch.empty(3 * params, dtype=torch.float32, device=device)  # master, m, v
     peaks: dict[int, int] = {}
 
     def fits(batch: int) -> bool:
@@ -81,8 +81,6 @@ def measure(config: str, layers: int | None, impl: str, limit: int) -> dict:
                  for reserve in (0.0, 0.1)}
     formula_peak = (model_state_bytes(params, 1)
                     + peak_activation_bytes(args, impl, torch.bfloat16, largest, False)) if largest else None
-    del model, optimizer_states
-    torch.cuda.empty_cache()
     return {"impl": impl, "largest": largest, "predicted": predicted, "measured_peak_bytes": peaks.get(largest),
             "formula_peak_bytes": formula_peak, "device_bytes": total, "layers": args.num_layers}
 
@@ -101,7 +99,10 @@ def main() -> None:
     from megatron.runtime.entry import use_training_allocator
 
     use_training_allocator("cuda")  # before the first device call: measured with the allocator training uses
-    rows = [measure(options.config, options.layers, impl, options.max) for impl in ("fused", "flash")]
+    rows = []
+    for impl in ("fused", "flash"):
+        rows.append(measure(options.config, options.layers, impl, options.max))
+        torch.cuda.empty_cache()  # the model and states measure() held, freed as it returned, go back to the card
     print(f"{options.config}, {rows[0]['layers']} layers, bf16, no checkpointing, one GPU "
           f"({rows[0]['device_bytes'] / 2**30:.0f} GiB) with ZeRO-1 states at data-parallel size 1")
     header = f"{'impl':<6} {'largest':>8} {'predicted (0 / 10% reserve)':>28} {'peak GiB':>9} {'formula GiB':>12}"

@@ -221,8 +221,8 @@ def test_the_report_names_every_failure_and_the_console_fits_a_screen():
                SectionResult("collectives", FAIL, "slow", ["| a | b |"],
                              [Finding(f"rank {r} on h", "slow", "fix it") for r in range(20)]),
                SectionResult("numerics", SKIP, "skipped: collectives wrong")]
-    run = RunDescription(["x.yml"], 20, ["h"], "tensor 1 x pipeline 0 x data 20", "cpu")
-    report = markdown(results, run, 12.0)
+    described = RunDescription(["x.yml"], 20, ["h"], "tensor 1 x pipeline 0 x data 20", "cpu")
+    report = markdown(results, described, 12.0)
     assert report.startswith("# Cluster check: FAIL") and report.count("*Likely fix:* fix it") == 20
     console = console_summary(results, Path("r.md"), 12.0).splitlines()
     assert len(console) <= 24 and console[-2].startswith("  ... and 12 more")

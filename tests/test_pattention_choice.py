@@ -5,7 +5,6 @@ accounting, and tensor parallelism, ZeRO and precision move it the way they move
 import dataclasses
 import math
 
-import torch
 from deepspeed.accelerator import get_accelerator
 
 from megatron.config import Config

@@ -7,7 +7,6 @@ step); the lean step reads nothing back to the host but its loss and norm, in on
 from __future__ import annotations
 
 import pytest
-import torch
 from deepspeed.accelerator import get_accelerator
 from torch.profiler import ProfilerActivity, profile
 

@@ -94,8 +94,8 @@ def check_deepspeed_section(name: str, section: Mapping[str, Any], origins: Mapp
         raise ConfigError(f"{name}: field names must be strings, got {list(section)!r}{where}")
     try:
         _deepspeed_model(name)(**section)
-    except ValueError as error:
-        details = getattr(error, "errors", lambda: [{"loc": (), "msg": str(error)}])()
+    except ValueError as error:  # pydantic's ValidationError lists each field's error
+        details = error.errors() if hasattr(error, "errors") else [{"loc": (), "msg": str(error)}]
         raise_if_any(
             f"{'.'.join([name, *map(str, d['loc'])])}: {d['msg']}{where}" for d in details
         )
