@@ -19,11 +19,12 @@ stopping the rest, each in the report:
                  lean DP step's code on CUDA tensors), each layer compiled, DeepSpeed's step (lean_step false),
                  the plain loop (reported beside), the config's checkpoint_activations (MFU and HFU); the
                  breakdown of each step by phase and the decision table of the levers
-    kernels      benchmarks.gpu_pattention --no-steps --profile --tiles-sweep --blocks-sweep: fused and flash
-                 forward+backward against the six GEMMs at the paper configs' shapes, 16k tokens, with flash's peak
-                 memory over fused's, the kernels each launches a call, flash's Triton kernels (l2 Θ) at 1-5B
-                 shapes with each tile configuration, its blocks (softmax) with the input rows in 2 to 16 blocks,
-                 and the profiler's kernel table of each at the 1-5B FFN shape
+    kernels      benchmarks.gpu_pattention --no-steps --profile --blocks-sweep: fused, flash (its blocks, auto's
+                 choice) and flash's opt-in Triton kernels (l2 Θ, flash_backend: kernels) forward+backward against
+                 the six GEMMs at the paper configs' shapes, 16k tokens, with their peak memory over fused's, the
+                 kernels each launches a call, flash's blocks (softmax) with the input rows in 2 to 16 blocks, and
+                 the profiler's kernel table of each at the 1-5B FFN shape (the kernels' tile sweep, --tiles-sweep,
+                 is left to a run of its own: at 44x fused's time in training they cost minutes)
     training     python deepy.py train.py configs/1-5B.yml at 4 layers (full width and vocabulary), one GPU,
                  NCCL, DeepSpeed ZeRO-1, bf16, micro-batch 8 of 2048 tokens, on data and a 50,277-token
                  tokenizer made here: flash and fused for 30 iterations each, whose tokens/s, TFLOP/s per GPU, MFU
@@ -233,7 +234,7 @@ def run_benchmark(check: Check, result: StepResult, module: str, arguments: list
 
 def step_kernels(check: Check, result: StepResult) -> None:
     ran = run_benchmark(check, result, "benchmarks.gpu_pattention",
-                        ["--no-steps", "--profile", "--tiles-sweep", "--blocks-sweep", "--repeats", "5"], 240)
+                        ["--no-steps", "--profile", "--blocks-sweep", "--repeats", "5"], 240)
     if ran is None:
         return
     data, output = ran
@@ -243,7 +244,8 @@ def step_kernels(check: Check, result: StepResult) -> None:
     data["peak_flash_over_fused_n_ge_4d"] = max(r["peak"] for r in wide)
     data["table"] = tail(output.split("flash, l2_norm_gelu")[0], 60)
     result.details = data
-    launches = "; ".join(f"{r['norm']} launches flash {sum(r['flash'].values())}, fused {sum(r['fused'].values())}"
+    launches = "; ".join(f"{r['norm']} launches " + ", ".join(f"{name} {sum(r[name].values())}"
+                                                              for name in ("flash", "kernels", "fused"))
                          for r in data.get("launches", []))
     result.summary = (f"flash / six GEMMs: {data['flash_over_gemms']:.2f} overall, "
                       f"{data['flash_over_gemms_1_5B']:.2f} at 1-5B shapes; flash / fused peak memory at n >= 4d "
