@@ -11,14 +11,6 @@ stopping the rest, each in the report:
     environment  device, memory, driver, Python, torch, CUDA, Triton and DeepSpeed versions, and the two
                  ceilings measured: a bf16 8192³ GEMM's TFLOP/s and a device-to-device copy's GB/s (in a process
                  of its own, so that no later step shares the card with its buffers)
-    framework    the one-GPU sweep that sets the engine's defaults (issue 47): benchmarks.framework_step at
-                 configs/1-5B.yml's own depth, fused, bf16, micro-batch 8 where the memory model fits it on the
-                 card, one process each, in this order until its time budget is spent: deepy.py's step (the lean
-                 step, eager layers: the MFU target), plain+masters (the same recipe in a plain loop: the ratio
-                 target's denominator), deepy.py's step at DP 2 (two processes on the one device over gloo: the
-                 lean DP step's code on CUDA tensors), each layer compiled, DeepSpeed's step (lean_step false),
-                 the plain loop (reported beside), the config's checkpoint_activations (MFU and HFU); the
-                 breakdown of each step by phase and the decision table of the levers
     kernels      benchmarks.gpu_pattention --no-steps --profile --blocks-sweep: fused, flash (its blocks, auto's
                  choice) and flash's opt-in Triton kernels (l2 Θ, flash_backend: kernels) forward+backward against
                  the six GEMMs at the paper configs' shapes, 16k tokens, with their peak memory over fused's, the
@@ -37,6 +29,14 @@ stopping the rest, each in the report:
     cluster-check  cluster_check.py's one-device sections (environment, golden, throughput) through deepy.py on
                  configs/1-5B.yml at the training runs' depth: the golden curve reproduced on the device, tokens/s,
                  MFU and peak memory against the memory model at its micro-batch (docs/cluster.md)
+    framework    the one-GPU sweep that sets the engine's defaults (issue 47): benchmarks.framework_step at
+                 configs/1-5B.yml's own depth, fused, bf16, micro-batch 8 where the memory model fits it on the
+                 card, one process each, in this order while the check's 8 minutes last (run last, it gets the
+                 time the others leave, at least a minute): deepy.py's step (the lean step, eager layers: the
+                 MFU target), plain+masters (the same recipe in a plain loop: the ratio target's denominator), deepy.py's step at DP 2 (two processes on the one device over gloo: the
+                 lean DP step's code on CUDA tensors), each layer compiled, DeepSpeed's step (lean_step false),
+                 the plain loop (reported beside), the config's checkpoint_activations (MFU and HFU); the
+                 breakdown of each step by phase and the decision table of the levers
     report       gpu_check.json and gpu_check.md under --out (default $OUT, else ./gpu_check_out), the targets of
                  issues 39 and 40 met or missed, and a short table printed last
 
@@ -72,7 +72,8 @@ WARMUP_ITERATIONS = 5
 # the framework step's variants in the order its budget runs them (benchmarks/framework_step.py)
 FRAMEWORK_VARIANTS = ("framework", "plain+masters", "framework-dp2", "framework+compile", "framework-deepspeed",
                       "plain", "framework+recompute")  # third: the lean DP step's code on CUDA tensors, never cut
-FRAMEWORK_BUDGET_S = 200
+WALL_BUDGET_S = 480  # the whole check's, on one H100 or H200: a 15-minute lease with a rerun's margin
+FRAMEWORK_MIN_BUDGET_S = 60  # the framework sweep runs last, its variants started while the wall budget lasts
 KIT_PYTHON = (3, 12)  # the GPU machine's, for which benchmarks/gpu_kit.py fetches the compiled wheels
 TARGETS = {  # issues 39 and 40's targets, checked in the report
     "framework / plain+masters tokens/s": (">=", 0.97),
@@ -103,6 +104,10 @@ class Check:
         self.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.results: list[StepResult] = []
+        self.started = time.perf_counter()
+
+    def seconds_left(self) -> float:
+        return WALL_BUDGET_S - (time.perf_counter() - self.started)
 
     def run(self, command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
         """A child process of this check (its environment, the repository as working folder), output kept."""
@@ -329,11 +334,12 @@ def step_framework(check: Check, result: StepResult) -> None:
     the machine, since it is there to prove each one's code runs, and compiles with aot_eager (dynamo's tracing
     and the compiled autograd graph without inductor's C++ build, 57 of its 72 CPU-seconds; tests/
     test_compiled_layers.py compiles with inductor)."""
+    budget = max(FRAMEWORK_MIN_BUDGET_S, check.seconds_left() - FRAMEWORK_MIN_BUDGET_S)
     ran = run_benchmark(check, result, "benchmarks.framework_step",
                         ["--size", "toy" if check.cpu else "full", "--pattention-impl", "fused",
                          "--variants", *FRAMEWORK_VARIANTS, "--warmup", "2", "--steps", "4", "--profile-steps", "1",
-                         *(["--compile-backend", "aot_eager"] if check.cpu else ["--budget", str(FRAMEWORK_BUDGET_S)])],
-                        600 if check.cpu else FRAMEWORK_BUDGET_S + 120)
+                         *(["--compile-backend", "aot_eager"] if check.cpu else ["--budget", f"{budget:.0f}"])],
+                        600 if check.cpu else budget + 120)
     if ran is None:
         return
     data, output = ran
@@ -397,9 +403,9 @@ def step_cluster_check(check: Check, result: StepResult) -> None:
 
 # In order of what the open issues need measured first, so a run cut short still brings those back.
 STEPS: dict[str, Callable[[Check, StepResult], None]] = {
-    "kit": step_kit, "environment": step_environment, "framework": step_framework, "kernels": step_kernels,
-    "training": step_training, "gpu-tests": step_gpu_tests, "max-batch": step_max_batch,
-    "cluster-check": step_cluster_check,
+    "kit": step_kit, "environment": step_environment, "kernels": step_kernels, "training": step_training,
+    "gpu-tests": step_gpu_tests, "max-batch": step_max_batch, "cluster-check": step_cluster_check,
+    "framework": step_framework,  # last: its variants take the time the others leave (WALL_BUDGET_S)
 }
 
 

@@ -54,6 +54,10 @@ def _run_rank(rank: int, world_size: int, port: int, function: Callable, args: t
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        # gloo connects its full mesh in init_process_group; a rank whose side of every pair is up may run a short
+        # function and close its sockets before a peer's handshake with it ends ("connectFullMesh failed ...
+        # Connection closed by peer" on that peer, seen with three ranks): no rank leaves until all are connected.
+        dist.barrier()
         buffer = io.BytesIO()
         torch.save(function(*args), buffer)
         results.put((rank, None, buffer.getvalue()))

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megatron.model.args import FLASH_BACKENDS, NORM_ACTIVATIONS, PATTENTION_IMPLS, TRITON_BACKENDS
+from megatron.config.schema import TRITON_FLASH_BACKENDS
+from megatron.model.args import FLASH_BACKENDS, NORM_ACTIVATIONS, PATTENTION_IMPLS
 from megatron.model.pattention import (
     ParallelPattention,
     Pattention,
@@ -43,7 +44,7 @@ def assert_matches(got, want, backend, exact=(1e-10, 1e-12)):
     """fp64 implementations within `exact` (rtol, atol) elementwise; the Triton kernels, which compute in fp32,
     within 1e-5 of the tensor's largest entry (elementwise, a row sum whose terms cancel has a large relative
     error in fp32 however right the kernel is)."""
-    if backend in TRITON_BACKENDS:
+    if backend in TRITON_FLASH_BACKENDS:
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
     else:
         torch.testing.assert_close(got, want, rtol=exact[0], atol=exact[1])
@@ -370,7 +371,7 @@ def test_preserve_growth_keeps_the_function_and_n(monkeypatch, impl, backend, th
     assert bigger.key_param_tokens.shape == (15, 8) and bigger.value_param_tokens.shape == (15, 6)
     assert torch.equal(bigger.key_param_tokens[10:], torch.zeros(5, 8, dtype=dtype))
     assert bigger.value_param_tokens[10:].abs().sum() > 0
-    torch.testing.assert_close(bigger(x), layer(x), rtol=0, atol=atol if backend not in TRITON_BACKENDS else 1e-6)
+    torch.testing.assert_close(bigger(x), layer(x), rtol=0, atol=atol if backend not in TRITON_FLASH_BACKENDS else 1e-6)
     # the grown layer keeps the original n, saved with its weights
     assert bigger.state_dict()["norm_token_count"].item() == 10 and bigger.norm_token_count.dtype == torch.int64
 

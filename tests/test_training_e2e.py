@@ -175,13 +175,13 @@ def test_fused_pattention_reproduces_the_flash_losses(baseline_run, demo_data, t
 
 
 def test_triton_kernels_train_on_a_cpu_under_the_interpreter(baseline_run, demo_data, tmp_path):
-    """flash_backend=triton on a CPU: the ranks switch Triton's interpreter on before anything imports triton,
-    and the kernels' 2 iterations (the second after an update their backward computed) equal the PyTorch tile
+    """flash_backend=kernels on a CPU: the ranks switch Triton's interpreter on before anything imports triton,
+    and flash's kernels' 2 iterations (the second after an update their backward computed) equal the PyTorch tile
     functions' (the baseline) within 1e-4. No validation at the end: under the interpreter it is a fifth of the
     run's CPU time, and the losses compared are the training ones."""
     run_dir, _ = baseline_run
     env_free = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    run_deepy("train.py", TINY, *data_overrides(demo_data), "flash_backend=triton", "train_iters=2", "eval_iters=0",
+    run_deepy("train.py", TINY, *data_overrides(demo_data), "flash_backend=kernels", "train_iters=2", "eval_iters=0",
               f"log_dir={tmp_path}/logs", env=env_free)
     pytorch_tiles = train_losses(run_dir / "logs")
     triton = train_losses(tmp_path / "logs")

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from megatron.config.schema import PATTENTION_KEYS, SCHEMA
-from megatron.model.args import TRITON_BACKENDS
+from megatron.config.schema import PATTENTION_KEYS, SCHEMA, TRITON_FLASH_BACKENDS
 
 if TYPE_CHECKING:
     from megatron.config.config import Config
@@ -45,10 +44,10 @@ def _triton_on_a_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:
     """Every Pattention implementation but plain runs Θ in Triton kernels with flash_backend triton or kernels
     (fused's score matrix and flash's blocks alike, megatron/model/pattention/registry.py)."""
     uses_tiles = cfg.model_type == "tokenformer" and cfg.pattention_impl != "plain"
-    if device_name != "cpu" or cfg.flash_backend not in TRITON_BACKENDS or not uses_tiles:
+    if device_name != "cpu" or cfg.flash_backend not in TRITON_FLASH_BACKENDS or not uses_tiles:
         return []
-    return [("flash_backend", f"{cfg.flash_backend} on a CPU runs pattention_impl {cfg.pattention_impl}'s kernels under Triton's "
-             "interpreter, about 100x slower than flash_backend: pytorch (meant for testing the kernels)")]
+    return [("flash_backend", f"{cfg.flash_backend} on a CPU runs pattention_impl {cfg.pattention_impl}'s kernels "
+             "under Triton's interpreter, about 100x slower than flash_backend: pytorch (meant for testing the kernels)")]
 
 
 def _compiling_on_a_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:

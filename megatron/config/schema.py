@@ -86,6 +86,8 @@ class Key:
     token_count: bool = False
 
 
+# flash_backend's values that run Triton on any device (on a CPU, under Triton's interpreter).
+TRITON_FLASH_BACKENDS = ("triton", "kernels")
 _NO_FUSED_KERNELS = "no fused CUDA kernels here; the plain PyTorch operations are always used"
 _INIT_METHODS = (
     "normal",

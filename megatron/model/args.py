@@ -17,7 +17,6 @@ LAYER_NORMS = ("layernorm_nonparam", "layernorm")
 NORM_ACTIVATIONS = ("l2_norm_gelu", "gelu_l2_norm", "softmax")
 PATTENTION_IMPLS = ("plain", "fused", "flash")
 FLASH_BACKENDS = ("auto", "pytorch", "triton", "kernels")
-TRITON_BACKENDS = ("triton", "kernels")  # the flash_backend values that run Triton on any device
 # How growth makes new parameter tokens (docs/growth.md): the layer's grow() and the config's growth_mode.
 GROWTH_MODES = ("preserve", "official")
 DEFAULT_GROWTH_MODE = "official"

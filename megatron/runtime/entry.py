@@ -19,11 +19,11 @@ from deepspeed.accelerator import get_accelerator
 from megatron.checkpoint.commit import CheckpointWriteError
 from megatron.config import Config, ConfigError
 from megatron.config.argument import decode_config
+from megatron.config.schema import TRITON_FLASH_BACKENDS
 from megatron.data.token_ids import TokenIdError
 from megatron.formats.deepspeed.reader import CheckpointUnreadable
 from megatron.host.extension_cache import use_environment_cache
 from megatron.host.orphan_watch import watch_launcher
-from megatron.model.args import TRITON_BACKENDS
 from megatron.runtime.agreed_error import AgreedError
 from megatron.runtime.collectives import is_output_rank
 from megatron.runtime.environment import local_process_count
@@ -75,7 +75,7 @@ def _prepare_process(settings: RuntimeSettings) -> None:
     kernels run on a CPU, its share of the cores, the watch on deepy.py, the extension cache (as deepy.py does,
     for ranks started without it: srun, mpirun by hand)."""
     use_training_allocator()
-    if settings.flash_backend in TRITON_BACKENDS and get_accelerator().device_name() == "cpu":
+    if settings.flash_backend in TRITON_FLASH_BACKENDS and get_accelerator().device_name() == "cpu":
         # Triton kernels on a CPU run under Triton's interpreter, switched on before anything imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     share_cores()
