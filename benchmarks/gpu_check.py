@@ -33,8 +33,9 @@ stopping the rest, each in the report:
                  configs/1-5B.yml's own depth, fused, bf16, micro-batch 8 where the memory model fits it on the
                  card, one process each, in this order while the check's 8 minutes last (run last, it gets the
                  time the others leave, at least a minute): deepy.py's step (the lean step, eager layers: the
-                 MFU target), plain+masters (the same recipe in a plain loop: the ratio target's denominator), deepy.py's step at DP 2 (two processes on the one device over gloo: the
-                 lean DP step's code on CUDA tensors), each layer compiled, DeepSpeed's step (lean_step false),
+                 MFU target), plain+masters (the same recipe in a plain loop: the ratio target's denominator),
+                 deepy.py's step at DP 2 (two processes on the one device over gloo: the lean DP step's code on
+                 CUDA tensors), each layer compiled, DeepSpeed's step (lean_step false),
                  the plain loop (reported beside), the config's checkpoint_activations (MFU and HFU); the
                  breakdown of each step by phase and the decision table of the levers
     report       gpu_check.json and gpu_check.md under --out (default $OUT, else ./gpu_check_out), the targets of

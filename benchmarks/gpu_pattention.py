@@ -27,8 +27,9 @@ backward and the optimizer step, flash and fused alternating. MFU = tokens/s × 
 
 "flash" is what auto runs on CUDA: blocks of rows (flash.py), Θ in Triton tiles; "kern" its whole-Pattention
 Triton kernels for the l2 Θ (megatron/model/pattention/flash_triton.py, flash_backend: kernels). "launches" gives
-the kernels one forward + backward of each launches at the 1-5B FFN shape (benchmarks/launches.py). --tiles-sweep times the kernels (l2_norm_gelu) at the 1-5B shapes with each tile
-configuration of TILES_SWEEP, with their peak memory: the figures that set flash_triton.TILES on a GPU.
+the kernels one forward + backward of each launches at the 1-5B FFN shape (benchmarks/launches.py).
+--tiles-sweep times the kernels (l2_norm_gelu) at the 1-5B shapes with each tile configuration of TILES_SWEEP,
+with their peak memory: the figures that set flash_triton.TILES on a GPU.
 --blocks-sweep times the blocks (softmax) cutting the --tokens input rows into each number of blocks of
 BLOCKS_SWEEP, with its peak memory: the figures that set flash.BLOCKS and flash.MIN_ROWS on a GPU.
 --profile prints torch.profiler's kernel table of one flash, kernels and fused forward + backward (l2_norm_gelu,

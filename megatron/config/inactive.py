@@ -47,7 +47,8 @@ def _triton_on_a_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:
     if device_name != "cpu" or cfg.flash_backend not in TRITON_FLASH_BACKENDS or not uses_tiles:
         return []
     return [("flash_backend", f"{cfg.flash_backend} on a CPU runs pattention_impl {cfg.pattention_impl}'s kernels "
-             "under Triton's interpreter, about 100x slower than flash_backend: pytorch (meant for testing the kernels)")]
+             "under Triton's interpreter, about 100x slower than flash_backend: pytorch (meant for testing the "
+             "kernels)")]
 
 
 def _compiling_on_a_cpu(cfg: Config, device_name: str) -> list[tuple[str, str]]:
