@@ -52,8 +52,11 @@ RUN useradd --create-home --uid 1000 --user-group tokenformer \
     && install -d -o 1000 -g 1000 /workspace
 WORKDIR /workspace
 COPY --chown=1000:1000 . .
-# The project itself, editable: tools/ and benchmarks/ import `megatron` from the code in /workspace.
+# The project itself, editable: tools/ and benchmarks/ import `megatron` from the code in /workspace. Its
+# bytecode compiled now, as pip compiled the packages': otherwise every process of every container compiles the
+# modules it imports (about a CPU-second each).
 RUN pip install --no-deps --no-build-isolation -e . \
+    && python -m compileall -q megatron benchmarks tools data_prep ./*.py \
     && chown -R 1000:1000 /workspace
 
 # The C++ data helpers, compiled now into a cache the non-root user owns (rebuilt there if the source

@@ -9,7 +9,8 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install demo demo-data test test-fast test-gpu docker-test docs bench bench-gpu gpu-kit scaling-study clean-demo
+.PHONY: install bytecode demo demo-data test test-fast test-gpu docker-test docs bench bench-gpu gpu-kit scaling-study \
+    clean-demo
 
 install: $(STAMP)
 
@@ -25,6 +26,12 @@ $(STAMP): $(REQUIREMENTS) pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# The project's own modules compiled too, before the tests: with PYTHONDONTWRITEBYTECODE set, every process would
+# compile the 170 or so it imports from source, about a CPU-second each time, and the tests start hundreds of
+# processes (ranks, launchers, tools). compileall rewrites only what changed since; __pycache__ is git-ignored.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -q -j 0 megatron benchmarks tools data_prep tests $(wildcard *.py)
+
 $(DEMO_DATA): data_prep/demo_corpus.py | $(STAMP)
 	$(PY) data_prep/demo_corpus.py --out data/demo
 
@@ -35,11 +42,11 @@ demo: $(DEMO_DATA)
 
 # Everything but the `gpu` tier (markers: pyproject.toml), on two workers, each test file on one of them (its
 # module fixtures built once); tests/conftest.py starts the files with multi-process runs first.
-test: $(STAMP)
+test: bytecode
 	$(PY) -m pytest tests -m "not gpu" -n 2 --dist loadfile --durations=30
 
 # Unit tests only: no multi-process runs, package index, system services or GPU (about 2 minutes).
-test-fast: $(STAMP)
+test-fast: bytecode
 	$(PY) -m pytest tests -m "not slow and not network and not system and not gpu"
 
 # Needs a CUDA device; elsewhere every test is skipped with that reason.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -56,10 +57,14 @@ def restart_reference(demo_data, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def built_gpu_kit(tmp_path_factory) -> Path:
     """`python -m benchmarks.gpu_kit build` (from the package index), once per session: the kit's test and the GPU
-    check's plumbing read the same kit."""
-    kit = tmp_path_factory.mktemp("gpu_kit") / "kit"
-    subprocess.run([sys.executable, "-m", "benchmarks.gpu_kit", "build", "--out", str(kit)], cwd=REPO, check=True,
-                   capture_output=True, timeout=600)
+    check's plumbing read the same kit, whichever of make test's two workers runs them (the second waits for the
+    first's build; the build renames its folder into place when done)."""
+    kit = session_folder(tmp_path_factory) / "gpu_kit"
+    with open(kit.with_name("gpu_kit.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not kit.exists():
+            subprocess.run([sys.executable, "-m", "benchmarks.gpu_kit", "build", "--out", str(kit)], cwd=REPO,
+                           check=True, capture_output=True, timeout=600)
     return kit
 
 
