@@ -41,7 +41,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     cpu, wall = cpu_seconds(), time.monotonic()
     yield
     if out:  # one line per test, appended: under xdist every worker writes to the same file
-        record = {"test": item.nodeid, "cpu": round(cpu_seconds() - cpu, 3), "wall": round(time.monotonic() - wall, 3)}
+        record = {"test": item.nodeid, "cpu": round(cpu_seconds() - cpu, 3), "wall": round(time.monotonic() - wall, 3),
+                  "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "end": round(time.time(), 3)}
         with open(out, "a") as file:
             file.write(json.dumps(record) + "\n")
 
@@ -61,8 +62,25 @@ def report(records: list[dict], top: int) -> list[str]:
     for low, high in BUCKETS:
         inside = [r["cpu"] for r in records if low <= r["cpu"] < high]
         lines.append(f"| {low}-{high:g} | {len(inside)} | {sum(inside):,.0f} |")
+    lines += worker_lines(records)
     heavy = sum(r["cpu"] for r in records if r["cpu"] >= BUCKETS[-1][0])
     lines += ["", f"share of the CPU-seconds in tests over {BUCKETS[-1][0]} s: {heavy / total if total else 0:.3f}"]
+    return lines
+
+
+def worker_lines(records: list[dict]) -> list[str]:
+    """When each worker finished its last test, from the first test's start: the gap between them is the time one
+    worker waited at the suite's end (records before the worker and end fields give none)."""
+    timed = [r for r in records if "end" in r]
+    if not timed:
+        return []
+    start = min(r["end"] - r["wall"] for r in timed)
+    ends = {worker: max(r["end"] for r in timed if r["worker"] == worker) - start
+            for worker in sorted({r["worker"] for r in timed})}
+    lines = ["", "| worker | tests | CPU-s | last test ended (s) |", "|---|---|---|---|"]
+    lines += [f"| {worker} | {sum(r['worker'] == worker for r in timed)} | "
+              f"{sum(r['cpu'] for r in timed if r['worker'] == worker):,.0f} | {end:,.1f} |"
+              for worker, end in ends.items()]
     return lines
 
 
