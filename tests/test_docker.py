@@ -79,8 +79,10 @@ def test_every_pin_agrees_across_requirements_pyproject_and_the_image():
 
 def test_image_builds_the_helpers_runs_as_a_user_and_leaves_local_state_out():
     text = DOCKERFILE.read_text()
-    module = re.search(r"python -m (\S+)", text)[1]
+    module = re.search(r"python -m (megatron\.\S+)", text)[1]
     assert (REPO / (module.replace(".", "/") + ".py")).is_file(), module
+    compiled = re.search(r"python -m compileall -q ([^\\&]+)", text)[1].split()  # the project's bytecode, built in
+    assert "megatron" in compiled and all(list(REPO.glob(path)) for path in compiled), compiled
     assert re.findall(r"^USER (\S+)$", text, re.MULTILINE)[-1].split(":")[0] not in ("root", "0")
     assert f"python{sys.version_info.major}.{sys.version_info.minor} " in text, "the image's Python is the tested one"
     ignored = set((REPO / ".dockerignore").read_text().split())
