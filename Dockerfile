@@ -53,8 +53,8 @@ RUN useradd --create-home --uid 1000 --user-group tokenformer \
 WORKDIR /workspace
 COPY --chown=1000:1000 . .
 # The project itself, editable: tools/ and benchmarks/ import `megatron` from the code in /workspace. Its
-# bytecode compiled now, as pip compiled the packages': otherwise every process of every container compiles the
-# modules it imports (about a CPU-second each).
+# bytecode compiled now, as pip compiled the packages': otherwise each new container's first processes (its
+# ranks, which start together) each compile the modules they import.
 RUN pip install --no-deps --no-build-isolation -e . \
     && python -m compileall -q megatron benchmarks tools data_prep ./*.py \
     && chown -R 1000:1000 /workspace

@@ -27,7 +27,7 @@ $(STAMP): $(REQUIREMENTS) pyproject.toml
 	touch $(STAMP)
 
 # The project's own modules compiled too, before the tests: with PYTHONDONTWRITEBYTECODE set, every process would
-# compile the 170 or so it imports from source, about a CPU-second each time, and the tests start hundreds of
+# compile the 170 or so it imports from source (0.1 CPU-second each time), and the tests start about 500 such
 # processes (ranks, launchers, tools). compileall rewrites only what changed since; __pycache__ is git-ignored.
 bytecode: $(STAMP)
 	$(PY) -m compileall -q -q -j 0 megatron benchmarks tools data_prep tests $(wildcard *.py)
