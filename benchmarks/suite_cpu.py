@@ -75,12 +75,12 @@ def worker_lines(records: list[dict]) -> list[str]:
     if not timed:
         return []
     start = min(r["end"] - r["wall"] for r in timed)
-    ends = {worker: max(r["end"] for r in timed if r["worker"] == worker) - start
-            for worker in sorted({r["worker"] for r in timed})}
+    by_worker = collections.defaultdict(list)
+    for record in timed:
+        by_worker[record["worker"]].append(record)
     lines = ["", "| worker | tests | CPU-s | last test ended (s) |", "|---|---|---|---|"]
-    lines += [f"| {worker} | {sum(r['worker'] == worker for r in timed)} | "
-              f"{sum(r['cpu'] for r in timed if r['worker'] == worker):,.0f} | {end:,.1f} |"
-              for worker, end in ends.items()]
+    lines += [f"| {worker} | {len(ran)} | {sum(r['cpu'] for r in ran):,.0f} | "
+              f"{max(r['end'] for r in ran) - start:,.1f} |" for worker, ran in sorted(by_worker.items())]
     return lines
 
 
