@@ -533,11 +533,14 @@ def test_throughput_below_the_mfu_floor_fails_naming_the_slowest_rank(device, mf
 
 def golden_on(device_type: str, tolerance: object, folder: str) -> SectionResult:
     """Rank body: the golden section with the repository's curve under `tolerance`, on a device of `device_type`
-    (cpu; meta, a type the tolerances below do not list: the section ends before it computes)."""
+    (cpu; meta, a type the tolerances below do not list: the section ends before it computes). The curve's losses
+    are moved by 1e-9 relative, so that a tolerance below that fails on every CPU (some reproduce the curve
+    exactly)."""
     from megatron.cluster_check import golden
     from megatron.cluster_check.context import CheckContext
 
     curve = read_curve_file(REPOSITORY_CURVE)
+    curve["losses"] = [loss * (1 + 1e-9) for loss in curve["losses"]]
     curve["relative_tolerance"] = tolerance
     path = Path(folder) / "curve.json"
     path.write_text(json.dumps(curve))

@@ -5,8 +5,8 @@ on tests/tiny.yml with real gloo processes (its gradients averaged by megatron/t
   partitioned as ZeRO-1 partitions them) are DeepSpeed's bit for bit at DP 2 and 4, with ZeRO-1 and stage 0, in
   bf16, and at TP 2 x DP 2; dropout is on, and a checkpoint either step wrote at DP 2 resumes on the other to
   the uninterrupted losses;
-- in fp16 (on CPU tensors: the Trainer refuses fp16 on a CPU, where it is slow, and the fp16 run here lifts that
-  one check), with DeepSpeed's dynamic loss scale starting high enough to skip steps, the same, skipped steps too;
+- in fp16 (on CPU tensors: the Trainer refuses fp16 on a CPU, where it is slow, and so does DeepSpeed on some;
+  the fp16 run here lifts those two checks), with DeepSpeed's dynamic loss scale starting high enough to skip steps, the same, skipped steps too;
 - where clipping scales, the norm and the losses are DeepSpeed's within fp32 rounding.
 """
 
@@ -27,10 +27,14 @@ FP16 = "fp16={enabled: true, initial_scale_power: 19}"  # iteration 1 applied, 2
 
 
 def train_fp16_on_cpu(overrides: list[str]) -> str:
-    """`train`, without the check that refuses fp16 on a CPU (this forked rank only)."""
+    """`train`, without the checks that refuse fp16 on a CPU (this forked rank only): the Trainer's, and
+    DeepSpeed's on a CPU without oneDNN's fp16 (AMD's, for one). Torch's fp16 arithmetic runs on any CPU."""
+    from deepspeed.accelerator import get_accelerator
+
     from megatron.config import run_inputs
 
     run_inputs._precision_problems = lambda cfg, device_name: []
+    get_accelerator().is_fp16_supported = lambda: True
     return train(overrides)
 
 
