@@ -6,7 +6,8 @@ on tests/tiny.yml with real gloo processes (its gradients averaged by megatron/t
   bf16, and at TP 2 x DP 2; dropout is on, and a checkpoint either step wrote at DP 2 resumes on the other to
   the uninterrupted losses;
 - in fp16 (on CPU tensors: the Trainer refuses fp16 on a CPU, where it is slow, and so does DeepSpeed on some;
-  the fp16 run here lifts those two checks), with DeepSpeed's dynamic loss scale starting high enough to skip steps, the same, skipped steps too;
+  the fp16 run here lifts those two checks), with DeepSpeed's dynamic loss scale starting high enough to skip
+  steps, the same, skipped steps too;
 - where clipping scales, the norm and the losses are DeepSpeed's within fp32 rounding.
 """
 
