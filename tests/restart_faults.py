@@ -74,17 +74,23 @@ def slurm_job_ranks(job: str) -> dict[int, psutil.Process]:
 
 
 def send_faults(running: Callable[[], bool], run_dir: Path, ranks: Callable[[], dict[int, psutil.Process]]) -> None:
-    """Each of FAULTS in turn: once the attempt running has logged its iteration, its signal to that rank."""
+    """Each of FAULTS in turn: once the attempt running has logged its iteration, its signal to that rank. The log is
+    read every 10 ms (the fault must land before the next checkpoint); the ranks are looked up once it shows the
+    iteration, and whether the job still runs is asked once a second (a process scan, an scontrol call)."""
     for done, (iteration, rank, fault, _) in enumerate(FAULTS):
         deadline = time.monotonic() + FAULT_TIMEOUT_SECONDS
+        next_look = time.monotonic()
         while True:
             logged = records(run_dir)
             restarts = sum(r["split"] == RESTART_SPLIT for r in logged)
             reached = max((r["iteration"] for r in logged if r["split"] == "train"), default=0)
-            if restarts == done and reached >= iteration and rank in ranks():
-                ranks()[rank].send_signal(fault)
+            target = ranks().get(rank) if restarts == done and reached >= iteration else None
+            if target is not None:
+                target.send_signal(fault)
                 break
-            assert running() and time.monotonic() < deadline, f"no iteration {iteration} after {done} restarts"
+            if time.monotonic() >= next_look:
+                assert running() and time.monotonic() < deadline, f"no iteration {iteration} after {done} restarts"
+                next_look = time.monotonic() + 1
             time.sleep(0.01)
 
 

@@ -326,12 +326,12 @@ def test_driver_killed_mid_second_stage_finishes_with_the_uninterrupted_losses(u
 
 
 def wait_for_jobs(env: dict[str, str], jobs: list[str], timeout: float = 900) -> list[str]:
+    """The final states of `jobs`, in order, once every one has ended (one scontrol call a second for all)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        states = []
-        for job in jobs:
-            shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True)
-            states += re.findall(r"JobState=(\S+)", shown.stdout) or ["UNKNOWN"]
+        shown = subprocess.run(["scontrol", "-o", "show", "job"], env=env, capture_output=True, text=True)
+        known = dict(re.findall(r"^JobId=(\d+) .*?\bJobState=(\S+)", shown.stdout, re.MULTILINE))
+        states = [known.get(job, "UNKNOWN") for job in jobs]
         if FINAL_STATES.issuperset(states):
             return states
         time.sleep(1)
