@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 REQUIREMENTS := requirements/requirements.txt requirements/requirements-dev.txt requirements/requirements-logging.txt \
-    requirements/requirements-eval.txt
+    requirements/requirements-eval.txt requirements/requirements-triton.txt
 DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions

@@ -8,7 +8,8 @@ import re
 BASE_IMAGE = "localhost/debian:bookworm"
 ROOTFS_MIRROR = "http://deb.debian.org/debian"
 # The GPU image's files (the Dockerfile's REQUIREMENTS: the core, MPI, logging) and the test tools its unit tests
-# run with; not lm-eval's (eval.py), which the GPU image leaves out too and which made a sixth of the build.
+# run with; not lm-eval's (eval.py), which the GPU image leaves out too and which made a sixth of the build, nor
+# Triton's (a gigabyte, for the flash kernels' interpreter tests, which the image does not run).
 CPU_REQUIREMENTS = "requirements.txt requirements-dev.txt requirements-logging.txt requirements-mpi.txt"
 # torch==2.13.0 from PyPI is the CUDA build; the CPU build comes from PyTorch's index (or a local wheel folder).
 CPU_TORCH_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
