@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import warnings
 
-from megatron.cluster_check.check import run_cluster_check
-from megatron.runtime.entry import run_rank
+from megatron.host.startup import collector_paused
+
+with collector_paused():  # torch and DeepSpeed: 400,000 objects (megatron/host/startup.py)
+    from megatron.cluster_check.check import run_cluster_check
+    from megatron.runtime.entry import run_rank
 
 # DeepSpeed's ZeRO calls a torch collective that torch marks deprecated; nothing for users to act on.
 warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)

@@ -30,29 +30,31 @@ import sys
 from pathlib import Path
 
 from megatron.cli import JOB_STOP_SIGNALS, stop_at_once_while_starting
+from megatron.host.startup import collector_paused
 
 if __name__ == "__main__":  # before the imports below, which take seconds
     # A stop (Ctrl-C, SIGTERM, SIGUSR1, ...) while deepy.py imports and checks: one line and 128+N, at once
     # (megatron/cli.py); from the launch on, megatron/launch/supervise.py takes the signals over.
     stop_at_once_while_starting("deepy.py", "before any process started", JOB_STOP_SIGNALS)
 
-from megatron.config import ConfigError, inactive_keys, slow_keys  # noqa: E402
-from megatron.config.argument import encode_config  # noqa: E402
-from megatron.config.loader import keys_set  # noqa: E402
-from megatron.config.run_inputs import INFERENCE_SCRIPTS  # noqa: E402
-from megatron.config.validate import raise_if_any  # noqa: E402
-from megatron.formats.deepspeed.changed_settings import resume_warnings  # noqa: E402
-from megatron.growth.notes import launch_notes as growth_notes  # noqa: E402
-from megatron.host.extension_cache import use_environment_cache  # noqa: E402
-from megatron.launch.command import check_launcher, launch_command, launch_notes  # noqa: E402
-from megatron.launch.global_batch import kept_batch_note  # noqa: E402
-from megatron.launch.node_resources import node_core_notes, node_memory_problems  # noqa: E402
-from megatron.launch.preflight import (launches_here, nothing_left_to_train, preflight_notes,  # noqa: E402
-                                       preflight_problems, reshard_before_launch)
-from megatron.launch.resolve import resolve_run  # noqa: E402
-from megatron.launch.resources import world_size  # noqa: E402
-from megatron.launch.restarts import run_with_restarts  # noqa: E402
-from megatron.launch.ssh import check_reachable  # noqa: E402
+with collector_paused():  # torch and DeepSpeed, imported below: 400,000 objects (megatron/host/startup.py)
+    from megatron.config import ConfigError, inactive_keys, slow_keys
+    from megatron.config.argument import encode_config
+    from megatron.config.loader import keys_set
+    from megatron.config.run_inputs import INFERENCE_SCRIPTS
+    from megatron.config.validate import raise_if_any
+    from megatron.formats.deepspeed.changed_settings import resume_warnings
+    from megatron.growth.notes import launch_notes as growth_notes
+    from megatron.host.extension_cache import use_environment_cache
+    from megatron.launch.command import check_launcher, launch_command, launch_notes
+    from megatron.launch.global_batch import kept_batch_note
+    from megatron.launch.node_resources import node_core_notes, node_memory_problems
+    from megatron.launch.preflight import (launches_here, nothing_left_to_train, preflight_notes,
+                                           preflight_problems, reshard_before_launch)
+    from megatron.launch.resolve import resolve_run
+    from megatron.launch.resources import world_size
+    from megatron.launch.restarts import run_with_restarts
+    from megatron.launch.ssh import check_reachable
 
 USAGE = "usage: python deepy.py SCRIPT.py CONFIG.yml [CONFIG.yml ...] [key=value ...]"
 
@@ -74,8 +76,8 @@ def main(argv: list[str]) -> int:
     use_environment_cache()
     try:
         script, files, overrides = split_arguments(argv)
-        from deepspeed.accelerator import get_accelerator
-
+        with collector_paused():  # DeepSpeed's accelerators (megatron/host/startup.py)
+            from deepspeed.accelerator import get_accelerator
         device = get_accelerator().device_name()
         cfg, slots = resolve_run(files, overrides, script, device=device)
         check_launcher(cfg, slots)

@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from megatron.config import Config
-from megatron.config.eval_tasks import task_manager
-from megatron.inference import load_model
-from megatron.runtime.collectives import is_output_rank
-from megatron.runtime.entry import run_rank
-from megatron.runtime.process_group import initialize_distributed
-from megatron.tokenizer import build_tokenizer
+from megatron.host.startup import collector_paused
+
+with collector_paused():  # torch and DeepSpeed: 400,000 objects (megatron/host/startup.py)
+    from megatron.config import Config
+    from megatron.config.eval_tasks import task_manager
+    from megatron.inference import load_model
+    from megatron.runtime.collectives import is_output_rank
+    from megatron.runtime.entry import run_rank
+    from megatron.runtime.process_group import initialize_distributed
+    from megatron.tokenizer import build_tokenizer
 
 
 def results_path(cfg: Config) -> Path:

@@ -11,14 +11,17 @@ docs/inference.md.
 
 from __future__ import annotations
 
-from megatron.config import Config
-from megatron.formats.registry import describe_weights
-from megatron.inference import load_model
-from megatron.inference.text_generation import generate_samples
-from megatron.runtime.collectives import is_output_rank
-from megatron.runtime.entry import run_rank
-from megatron.runtime.process_group import initialize_distributed
-from megatron.tokenizer import build_tokenizer
+from megatron.host.startup import collector_paused
+
+with collector_paused():  # torch and DeepSpeed: 400,000 objects (megatron/host/startup.py)
+    from megatron.config import Config
+    from megatron.formats.registry import describe_weights
+    from megatron.inference import load_model
+    from megatron.inference.text_generation import generate_samples
+    from megatron.runtime.collectives import is_output_rank
+    from megatron.runtime.entry import run_rank
+    from megatron.runtime.process_group import initialize_distributed
+    from megatron.tokenizer import build_tokenizer
 
 
 def main(cfg: Config) -> list[dict]:

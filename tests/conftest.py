@@ -11,7 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# The garbage collector off while the test modules load (torch, DeepSpeed, inductor), until collection ends: what
+# megatron/host/startup.py does for the entry points, across two of pytest's steps here.
+gc.disable()
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,6 +136,7 @@ def pytest_collection_finish(session) -> None:
     # garbage collector's sight: its full collections, here and in every rank forked from here, then walk only what
     # the tests make (they were a third of this process's CPU time in a profile of a tensor-parallel test).
     gc.freeze()
+    gc.enable()
 
 
 def pytest_unconfigure(config) -> None:

@@ -34,19 +34,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from megatron.cli import InputError, one_line_errors, stop_at_once_while_starting
+from megatron.host.startup import collector_paused
 
 if __name__ == "__main__":  # before the imports below, which are slow (megatron/cli.py)
     stop_at_once_while_starting("grow_checkpoint.py", "before anything was written")
 
-from megatron.checkpoint.commit import STAGING_PREFIX  # noqa: E402
-from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty  # noqa: E402
-from megatron.config import load_config  # noqa: E402
-from megatron.config.loader import keys_set  # noqa: E402
-from megatron.formats.deepspeed.reader import checkpoint_directory, read_checkpoint  # noqa: E402
-from megatron.growth.grow_checkpoint import write_grown_checkpoint  # noqa: E402
-from megatron.growth.plan import NORM_TOKEN_COUNTS, GrowthPlan  # noqa: E402
-from megatron.model.args import GROWTH_MODES  # noqa: E402
-from megatron.model.spec import slot_keys  # noqa: E402
+with collector_paused():  # torch and DeepSpeed, imported below (megatron/host/startup.py)
+    from megatron.checkpoint.commit import STAGING_PREFIX
+    from megatron.checkpoint.output_directory import remove_interrupted_writes, require_new_or_empty
+    from megatron.config import load_config
+    from megatron.config.loader import keys_set
+    from megatron.formats.deepspeed.reader import checkpoint_directory, read_checkpoint
+    from megatron.growth.grow_checkpoint import write_grown_checkpoint
+    from megatron.growth.plan import NORM_TOKEN_COUNTS, GrowthPlan
+    from megatron.model.args import GROWTH_MODES
+    from megatron.model.spec import slot_keys
+
 
 def keep_freed_memory_for_reuse() -> bool:
     """Have glibc's malloc serve large blocks from its heap and keep freed ones there, so the next grown tensor

@@ -41,25 +41,28 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from megatron.config import ConfigError
-from megatron.progressive.commands import REPO, shown
-from megatron.progressive.dry_run import stage_table, step_commands
-from megatron.progressive.lineage_check import (
-    ADOPT_FLAG,
-    CHECK,
-    REDO_FLAG,
-    REPLACED,
-    changed_stage_lines,
-    prepare_stages,
-    verdict,
-)
-from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
-from megatron.progressive.plan import Plan, read_plan
-from megatron.progressive.processes import Interrupted, StepFailed
-from megatron.progressive.progress import FINISH, GROW, check_layout, pending_steps, retract_stale_final
-from megatron.progressive.slurm import refuse_active_jobs, submit_chain
-from megatron.progressive.stage_config import ResolvedStage, resolve_plan
-from megatron.progressive.status import status_lines
+from megatron.host.startup import collector_paused
+
+with collector_paused():  # torch and DeepSpeed, imported below (megatron/host/startup.py)
+    from megatron.config import ConfigError
+    from megatron.progressive.commands import REPO, shown
+    from megatron.progressive.dry_run import stage_table, step_commands
+    from megatron.progressive.lineage_check import (
+        ADOPT_FLAG,
+        CHECK,
+        REDO_FLAG,
+        REPLACED,
+        changed_stage_lines,
+        prepare_stages,
+        verdict,
+    )
+    from megatron.progressive.local import hold_work_dir, run_plan, run_single_step
+    from megatron.progressive.plan import Plan, read_plan
+    from megatron.progressive.processes import Interrupted, StepFailed
+    from megatron.progressive.progress import FINISH, GROW, check_layout, pending_steps, retract_stale_final
+    from megatron.progressive.slurm import refuse_active_jobs, submit_chain
+    from megatron.progressive.stage_config import ResolvedStage, resolve_plan
+    from megatron.progressive.status import status_lines
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
