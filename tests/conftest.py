@@ -139,6 +139,11 @@ def pytest_collection_finish(session) -> None:
     gc.enable()
 
 
+def pytest_sessionstart(session) -> None:
+    if getattr(session.config.option, "dist", "no") != "no" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        gc.enable()  # pytest-xdist's controller collects nothing (its workers do): the collector back on now
+
+
 def pytest_unconfigure(config) -> None:
     gc.unfreeze()  # the frozen objects freed at exit as usual (nanobind reports them as leaks otherwise)
 
