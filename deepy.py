@@ -76,8 +76,8 @@ def main(argv: list[str]) -> int:
     use_environment_cache()
     try:
         script, files, overrides = split_arguments(argv)
-        with collector_paused():  # DeepSpeed's accelerators (megatron/host/startup.py)
-            from deepspeed.accelerator import get_accelerator
+        from deepspeed.accelerator import get_accelerator
+
         device = get_accelerator().device_name()
         cfg, slots = resolve_run(files, overrides, script, device=device)
         check_launcher(cfg, slots)

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-# The garbage collector off while the test modules load (torch, DeepSpeed, inductor), until collection ends: what
-# megatron/host/startup.py does for the entry points, across two of pytest's steps here.
-gc.disable()
+from megatron.host.startup import collector_paused
 
-import torch  # noqa: E402
+with collector_paused():
+    import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,6 +120,12 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 IMAGE_TEST = "test_docker_image.py"
+
+
+def pytest_configure(config) -> None:
+    # The garbage collector off while the test modules load (torch's inductor, DeepSpeed, the tests), until
+    # collection ends: what megatron/host/startup.py does for the entry points, across two of pytest's steps here.
+    gc.disable()
 
 
 def pytest_collection_finish(session) -> None:
