@@ -1,4 +1,11 @@
 # Two commands set everything up on a fresh machine: `make demo` and `make test`.
+
+# Python writes each module's bytecode when a process first imports it (its default), whatever the shell says: with
+# PYTHONDONTWRITEBYTECODE set (as on this project's CI machines) every process would compile torch and the project
+# from source again (`make test` took 31 min instead of 20). Only what is imported is compiled, once: 3,400 of
+# site-packages' 18,900 modules for torch, DeepSpeed, dynamo and transformers (8 CPU-s, against 53 for compileall
+# over all of them). __pycache__ is git-ignored.
+unexport PYTHONDONTWRITEBYTECODE
 PYTHON_BOOT ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,28 +16,19 @@ DEMO_DATA := data/demo/demo_text_document.bin
 # DeepSpeed compiles a small op on first start; keep it with this venv so other installs never clash.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
-.PHONY: install bytecode demo demo-data test test-fast test-gpu docker-test docs bench bench-gpu gpu-kit scaling-study \
+.PHONY: install demo demo-data test test-fast test-gpu docker-test docs bench bench-gpu gpu-kit scaling-study \
     clean-demo
 
 install: $(STAMP)
 
-# torch is pinned to the CPU build (requirements.txt); see README for GPU installs. The bytecode is compiled here,
-# on every core (pip compiles on one: 79 s against 39 + 23 s here): with PYTHONDONTWRITEBYTECODE set (as on this
-# project's CI machines) nothing else would, and every process would compile torch from source (without it `make
-# test` took 31 min instead of 20). compileall's status is not checked: files only a newer Python parses (torch's
-# py312 test helpers) fail it, as they fail pip's own compilation, which ignores them.
-$(STAMP): $(REQUIREMENTS) pyproject.toml
+# torch is pinned to the CPU build (requirements.txt); see README for GPU installs. pip itself is pinned and installed
+# first (requirements-pip.txt): the venv's own pip took 46 CPU-s for the rest, against 26-36 for that one.
+$(STAMP): $(REQUIREMENTS) requirements/requirements-pip.txt pyproject.toml
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/requirements-pip.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile $(foreach r,$(REQUIREMENTS),-r $(r))
-	$(PY) -m compileall -q -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
-
-# The project's own modules compiled too, before the tests: with PYTHONDONTWRITEBYTECODE set, every process would
-# compile the 170 or so it imports from source (0.1 CPU-second each time), and the tests start about 500 such
-# processes (ranks, launchers, tools). compileall rewrites only what changed since; __pycache__ is git-ignored.
-bytecode: $(STAMP)
-	$(PY) -m compileall -q -q -j 0 megatron benchmarks tools data_prep tests $(wildcard *.py)
 
 $(DEMO_DATA): data_prep/demo_corpus.py | $(STAMP)
 	$(PY) data_prep/demo_corpus.py --out data/demo
@@ -42,11 +40,11 @@ demo: $(DEMO_DATA)
 
 # Everything but the `gpu` tier (markers: pyproject.toml), on two workers, each test file on one of them (its
 # module fixtures built once); tests/conftest.py starts the files with multi-process runs first.
-test: bytecode
+test: $(STAMP)
 	$(PY) -m pytest tests -m "not gpu" -n 2 --dist loadfile --durations=30
 
 # Unit tests only: no multi-process runs, package index, system services or GPU (about 2 minutes).
-test-fast: bytecode
+test-fast: $(STAMP)
 	$(PY) -m pytest tests -m "not slow and not network and not system and not gpu"
 
 # Needs a CUDA device; elsewhere every test is skipped with that reason.

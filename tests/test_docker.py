@@ -62,8 +62,10 @@ def test_every_pin_agrees_across_requirements_pyproject_and_the_image():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert pyproject_pins(project["dependencies"]) == pins(REQUIREMENTS / "requirements.txt")
     extras = project["optional-dependencies"]
-    # requirements-gpu.txt is the core set (PyPI's torch is the CUDA build), so it has no extra of its own.
-    files = {path.name for path in REQUIREMENTS.glob("requirements-*.txt")} - {"requirements-gpu.txt"}
+    # requirements-gpu.txt is the core set (PyPI's torch is the CUDA build), so it has no extra of its own; nor has
+    # requirements-pip.txt, the installer, which pip installs before the rest.
+    files = {path.name for path in REQUIREMENTS.glob("requirements-*.txt")} - {"requirements-gpu.txt",
+                                                                               "requirements-pip.txt"}
     assert files == {f"requirements-{extra}.txt" for extra in extras}, "each requirements-X.txt is extra X"
     for extra, specifiers in extras.items():
         assert pyproject_pins(specifiers) == pins(REQUIREMENTS / f"requirements-{extra}.txt"), extra

@@ -74,10 +74,10 @@ def test_image_builds_runs_trains_resumes_and_its_checkpoint_serves_the_host(bui
     unit_tier = steps[docker_image.UNIT_TIER_STEP]["output"]
     assert re.search(r"\d+ passed", unit_tier) and " failed" not in unit_tier, unit_tier
     assert "resumed from checkpoints/demo at iteration 20" in steps["resume"]["output"], steps["resume"]["output"]
-    installed = step("pip freeze", ["podman", "run", "--rm", image, "pip", "freeze"], podman)
+    installed = step("pip freeze", ["podman", "run", "--rm", image, "pip", "freeze", "--all"], podman)
     frozen = dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)$", installed, re.MULTILINE))
     frozen = {re.sub(r"[-_.]+", "-", name).lower(): version.split("+")[0] for name, version in frozen.items()}
-    for name in docker_image.CPU_REQUIREMENTS.split():
+    for name in ["requirements-pip.txt", *docker_image.CPU_REQUIREMENTS.split()]:
         for package, version in pins(REPO / "requirements" / name).items():
             assert frozen.get(package) == version, f"{name}: {package}=={version}, the image has {frozen.get(package)}"
     assert not [name for name in frozen if name.startswith("nvidia-")], "a CPU image without CUDA libraries"
