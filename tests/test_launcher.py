@@ -11,12 +11,14 @@ import os
 import sys
 
 import pytest
+import torch
 
 from megatron.config import ConfigError, load_config
 from megatron.config.argument import decode_config, encode_config
 from megatron.launch.command import check_launcher, launch_command, launch_notes
 from megatron.launch.resources import process_slots
 from megatron.launch.resources import local_device_ids
+from megatron.runtime.entry import share_cores
 from megatron.runtime.environment import TORCH_VARIABLES, export_rank_environment
 from tests.launch_checks import TINY
 
@@ -179,25 +181,27 @@ def test_a_process_without_rank_variables_is_told_how_to_launch(clean_rank_envir
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2),
     ({"MPI_LOCALNRANKS": "64"}, 64),
 ])
-def test_each_rank_takes_its_share_of_the_cores(environment, local):
-    """`local` ranks on this node, from whichever launcher's variable; None: OMP_NUM_THREADS decides."""
-    import subprocess
-
+def test_each_rank_takes_its_share_of_the_cores(environment, local, clean_rank_environment, capsys):
+    """`local` ranks on this node, from whichever launcher's variable; None: OMP_NUM_THREADS decides (torch read
+    it when it started, so the count set before stays)."""
     cores = len(os.sched_getaffinity(0))
-    expected = 1 if local is None else max(1, cores // local)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "LOCAL_SIZE", "LOCAL_WORLD_SIZE") and not k.startswith(("SLURM_", "OMPI_"))}
-    code = ("from megatron.runtime.entry import share_cores; import torch; share_cores(); "
-            "print(torch.get_num_threads())")
-    result = subprocess.run([sys.executable, "-c", code], env=env | environment | {"RANK": "0"},
-                            capture_output=True, text=True, check=True)
-    *output, threads = result.stdout.splitlines()
-    said = [line for line in output if line.startswith("threads:")]
-    assert int(threads) == expected
+    before, unset = torch.get_num_threads(), 3  # a count share_cores would never give on this machine's cores
+    for name in [*os.environ]:
+        if name in ("OMP_NUM_THREADS", "LOCAL_SIZE", "LOCAL_WORLD_SIZE") or name.startswith(("SLURM_", "OMPI_")):
+            clean_rank_environment.delenv(name)
+    for name, value in {**environment, "RANK": "0"}.items():
+        clean_rank_environment.setenv(name, value)
+    torch.set_num_threads(unset)
+    try:
+        threads = share_cores()
+        assert threads == torch.get_num_threads() == (unset if local is None else max(1, cores // local))
+    finally:
+        torch.set_num_threads(before)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("threads:")]
     if local is None:
         assert said == []
     else:
-        assert said == [f"threads: {expected} per process ({cores} cores, {local} processes per node); "
+        assert said == [f"threads: {threads} per process ({cores} cores, {local} processes per node); "
                         "set OMP_NUM_THREADS to choose"]
 
 
