@@ -11,6 +11,7 @@ import torch
 
 from benchmarks.memory_model import measured_saved_bytes
 from megatron.model.memory import (
+    NotModelled,
     max_micro_batch,
     model_state_bytes,
     parameter_count,
@@ -43,6 +44,17 @@ def test_formula_equals_the_measured_saved_bytes(impl, norm_type, dtype):
                                      {"no_weight_tying": True, "final_norm": "layernorm_nonparam"}])
 def test_formula_holds_for_the_other_options(impl, options):
     check(dataclasses.replace(TINY, pattention_impl=impl, **options), torch.bfloat16, batch=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("impl", PATTENTION_IMPLS)
+def test_hidden_dropout_adds_its_masks(impl, dtype):
+    check(dataclasses.replace(TINY, pattention_impl=impl, hidden_dropout=0.1), dtype, batch=3)
+
+
+def test_attention_dropout_is_not_modelled():
+    with pytest.raises(NotModelled, match="attention dropout"):
+        saved_bytes(dataclasses.replace(TINY, attention_dropout=0.1), "fused", torch.bfloat16)
 
 
 @pytest.mark.parametrize("group", [1, 2])

@@ -94,6 +94,17 @@ def test_more_ranks_than_this_machine_holds_are_refused_with_the_per_rank_figure
     assert rank_host_bytes(cfg, "cuda") == RANK_HOST_BYTES  # its model is in device memory
 
 
+def test_dropout_is_counted_or_leaves_the_runtime_share_alone(tmp_path):
+    """Hidden dropout's masks are in the estimate; attention dropout, which the memory model does not cover,
+    leaves a rank the runtime's share, so that deepy.py refuses only what surely cannot fit (both raised inside
+    deepy.py before)."""
+    plain = rank_host_bytes(run_config(tmp_path, "num_gpus=2", world_size=2), "cpu")
+    assert rank_host_bytes(run_config(tmp_path, "num_gpus=2", "hidden_dropout=0.1", world_size=2), "cpu") > plain
+    attention = run_config(tmp_path, "num_gpus=2", "attention_dropout=0.1", world_size=2)
+    assert rank_host_bytes(attention, "cpu") == RANK_HOST_BYTES
+    assert node_memory_problems(attention, TWO_RANKS, "cpu", ISSUE_MACHINE) == []
+
+
 def test_normal_runs_fit(tmp_path):
     """configs/demo.yml on the issue's machine (tests/tiny.yml: above); 1-5B's 8 ranks on a big node, with their
     model in host memory (about 10.6 GiB a rank on a CPU) or in device memory."""

@@ -53,6 +53,15 @@ def test_fused_while_it_fits_then_flash():
     assert f"fused would need {fused / 2**30:.1f} GiB, flash {flash / 2**30:.1f} GiB" in why
 
 
+def test_attention_dropout_which_the_memory_model_does_not_cover_takes_fused_and_says_why():
+    impl, why = choose_pattention_impl(dataclasses.replace(ARGS, attention_dropout=0.1), SHAPE, "cuda", 64)
+    assert impl == "fused" and why.startswith("the memory model covers no attention dropout (the paper configs have "
+                                              "none): fused")
+    dropout = dataclasses.replace(ARGS, hidden_dropout=0.1)  # counted: its masks move the estimate
+    assert training_bytes_per_rank(dropout, "fused", SHAPE, "cuda") > training_bytes_per_rank(ARGS, "fused", SHAPE,
+                                                                                                "cuda")
+
+
 def test_tensor_parallelism_zero_and_precision_move_the_estimate():
     base = training_bytes_per_rank(ARGS, "fused", SHAPE, "cuda")
     assert training_bytes_per_rank(ARGS, "fused", dataclasses.replace(SHAPE, tensor_parallel=2), "cuda") < base

@@ -30,7 +30,7 @@ from megatron.cluster_check.report import SectionResult
 from megatron.cluster_check.training_runs import batches, engine_for, release
 from megatron.cluster_check.variants import small_model, variant
 from megatron.model import TokenFormerArgs, flops_per_token
-from megatron.model.memory import GIB
+from megatron.model.memory import GIB, NotModelled
 from megatron.model.rank_memory import RunShape, training_bytes_per_rank
 from megatron.tokenizer import build_tokenizer, pad_vocab_size
 from megatron.training.pattention_choice import RESERVE, device_bytes_per_rank
@@ -80,10 +80,14 @@ def _plan(context: CheckContext) -> dict:
         plan.update(impl=impls[0], micro=cfg.train_micro_batch_size_per_gpu,
                     why="the config's (the memory model covers TokenFormer only)")
         return plan
-    for impl in impls:
-        micro = largest_micro_batch(args, impl, shape, device_type, device_bytes)
-        if micro:
-            break
+    try:
+        for impl in impls:
+            micro = largest_micro_batch(args, impl, shape, device_type, device_bytes)
+            if micro:
+                break
+    except NotModelled as reason:
+        plan.update(impl=impls[0], micro=cfg.train_micro_batch_size_per_gpu, why=f"the config's ({reason})")
+        return plan
     why = f"the memory model's largest for {device_bytes / GIB:.1f} GiB per rank with {RESERVE:.0%} kept free"
     cap = CPU_MICRO_BATCH if context.on_cpu else max(1, MICRO_BATCH_TOKENS // args.seq_length)
     if micro > cap:

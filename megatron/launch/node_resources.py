@@ -32,7 +32,7 @@ from megatron.growth.plan import padded_vocabulary
 from megatron.launch.hosts import is_local_host
 from megatron.launch.resources import Slots
 from megatron.model import TokenFormerArgs
-from megatron.model.memory import GIB
+from megatron.model.memory import GIB, NotModelled
 from megatron.model.rank_memory import RunShape, training_bytes_per_rank
 
 # A rank's host memory besides its model (torch and DeepSpeed imported, gloo, the engine, the data), measured for
@@ -61,7 +61,10 @@ def rank_host_bytes(cfg: Config, device: str) -> int:
         return RANK_HOST_BYTES
     args = TokenFormerArgs.from_config(cfg, padded_vocab_size=padded_vocabulary(cfg))
     impl = "flash" if cfg.pattention_impl == "auto" else cfg.pattention_impl
-    return RANK_HOST_BYTES + training_bytes_per_rank(args, impl, RunShape.from_config(cfg), device)
+    try:
+        return RANK_HOST_BYTES + training_bytes_per_rank(args, impl, RunShape.from_config(cfg), device)
+    except NotModelled:  # attention dropout: the host's share alone, so that only what surely cannot fit is refused
+        return RANK_HOST_BYTES
 
 
 def _dataset_tokens(prefix: str) -> np.ndarray:

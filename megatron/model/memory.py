@@ -26,9 +26,12 @@ a head; a Pattention has n parameter tokens (n_qkv for Q, K, V; n_proj; n_ffn) a
     + e·d with τ ≠ 1 for fused and flash: they keep proj's input scaled by τ, a copy of SDPA's output
     per layer and sequence position: 4·r (rotary cos and sin, fp32, shared by the micro-batch's sequences);
     per layer: 4 per Pattention (its token count n)
+    + hidden dropout (hidden_dropout > 0): its mask, m·d per token at each of the layer's two sites (m = e on
+      the CPU, which multiplies by a mask of the input's dtype; 1 on CUDA, whose fused dropout keeps a bool mask)
     model, per token: 2·e·d + 2·z + e·V + 30 (embedding ids and mask; the final norm's input and statistics;
         the logits GEMM's input; the loss (megatron/mpu/cross_entropy.py): the logits, their fp32 row max,
-        Σexp and label logit, the label index and mask); per position 8 with learned positions
+        Σexp and label logit, the label index and mask); per position 8 with learned positions; m·d with hidden
+        dropout (the embedding's)
     activation checkpointing (groups of k layers): e·d per token for each group's input instead of the layers
 
 So flash's bytes do not depend on n, plain's and fused's grow with it: a flash Pattention keeps its input and
@@ -48,7 +51,9 @@ Largest micro-batch (sequences of seq_length on one GPU), ZeRO-1 over D data-par
                   [rows, n] ones, rows = max(MIN_ROWS, tokens / BLOCKS); the activations' gradients), which the
                   formula leaves out.
 The GPU figures take z = 4 and assume SDPA's flash or memory-efficient kernel (fp32 log-sum-exp, output laid
-out [b, s, heads, head_dim], as on the CPU); no dropout (the paper configs have none), tensor parallelism 1.
+out [b, s, heads, head_dim], as on the CPU); tensor parallelism 1. Attention dropout is not covered (the paper
+configs have none): on the CPU, SDPA then takes its math path, whose [b, heads, s, s] tensors the formula does not
+count; saved_bytes raises NotModelled, and the callers say what they do without the estimate.
 """
 
 from __future__ import annotations
@@ -66,6 +71,10 @@ from megatron.mpu.cross_entropy import BLOCK_BYTES
 
 FP32 = 4
 GIB = 2**30
+
+
+class NotModelled(ValueError):
+    """The run has something the formula does not count (attention dropout): no estimate."""
 
 
 def element_bytes(dtype: torch.dtype) -> int:
@@ -119,12 +128,13 @@ def saved_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, device: st
     """The formula of the module docstring for `args` run by `impl` in `dtype` on `device` ("cpu"/"cuda")."""
     if impl not in PATTENTION_IMPLS:
         raise ValueError(f"pattention_impl={impl!r}: must be one of {PATTENTION_IMPLS}")
-    if args.hidden_dropout or args.attention_dropout:
-        raise ValueError("the memory model assumes no dropout (the paper configs have none)")
+    if args.attention_dropout:
+        raise NotModelled("the memory model covers no attention dropout (the paper configs have none)")
     if args.norm_activation_type not in NORM_ACTIVATIONS:
         raise ValueError(f"norm_activation_type={args.norm_activation_type!r}")
     e, d, h, vocab = element_bytes(dtype), args.hidden_size, args.num_attention_heads, args.padded_vocab_size
     z = e if device == "cpu" else max(e, FP32)
+    mask = (e if device == "cpu" else 1) * d if args.hidden_dropout else 0  # one hidden dropout site, per token
     norms = 2 * (e * d + 2 * z)
     # fused and flash keep τ·x, a new tensor when τ ≠ 1: for Q/K/V and the FFN in place of the norm's output,
     # for proj besides SDPA's output, which attention keeps anyway
@@ -142,10 +152,10 @@ def saved_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, device: st
     logits_input = e * d
     loss = e * vocab + 3 * FP32 + 8 + 1
     return SavedBytes(
-        layer_per_token=norms + pattention_inputs + attention + pattentions,
+        layer_per_token=norms + pattention_inputs + attention + pattentions + 2 * mask,
         layer_per_position=2 * FP32 * (args.rotary_dims // 2),
         layer_fixed=FP32 * len(layer_pattentions()),  # each Pattention's n
-        model_per_token=embedding + final_norm + logits_input + loss,
+        model_per_token=embedding + final_norm + logits_input + loss + mask,
         model_per_position=8 if args.pos_emb == "learned" else 0,
         checkpoint_input_per_token=e * d,
     )

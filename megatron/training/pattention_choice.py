@@ -3,7 +3,8 @@
 fused keeps one [tokens, n] score matrix per Pattention and is the faster one wherever memory does not bind;
 flash keeps O(tokens) per Pattention and recomputes the scores, so it fits a larger micro-batch at a cost in time
 (figures: benchmarks/RESULTS.md). So auto takes fused unless the memory model says a training step of the
-configured micro-batch would not fit the device with fused, and flash then.
+configured micro-batch would not fit the device with fused, and flash then. Where the memory model has no
+estimate (attention dropout), auto takes fused and says why.
 
 The estimate per rank is megatron/model/rank_memory.py's. A tenth of the device is left for what the formula
 leaves out (fragmentation, workspaces, communication buckets, backward's transients).
@@ -12,7 +13,7 @@ leaves out (fragmentation, workspaces, communication buckets, backward's transie
 from __future__ import annotations
 
 from megatron.model.args import TokenFormerArgs
-from megatron.model.memory import GIB
+from megatron.model.memory import GIB, NotModelled
 from megatron.model.rank_memory import RunShape, training_bytes_per_rank
 from megatron.runtime.environment import local_process_count
 
@@ -23,7 +24,10 @@ def choose_pattention_impl(args: TokenFormerArgs, shape: RunShape, device_type: 
                            device_bytes: int) -> tuple[str, str]:
     """("fused" or "flash", the reason in one line) for a run of `shape` on a device of `device_bytes`."""
     budget = (1 - RESERVE) * device_bytes
-    fused = training_bytes_per_rank(args, "fused", shape, device_type)
+    try:
+        fused = training_bytes_per_rank(args, "fused", shape, device_type)
+    except NotModelled as reason:
+        return "fused", f"{reason}: fused, the faster where memory does not bind (pattention_impl: flash keeps less)"
     where = f"micro-batch {shape.micro_batch}, {device_bytes / GIB:.1f} GiB per rank, {RESERVE:.0%} kept free"
     if fused <= budget:
         return "fused", (f"fused fits ({fused / GIB:.1f} GiB by the memory model; {where}) and is faster where "
