@@ -30,7 +30,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no pool of compil
 TINY = REPO / "tests" / "tiny.yml"
 ITERATIONS = 10
 COMPILED = ("compile={enable: true}",)
-FUSED = "pattention_impl=fused"  # tiny.yml's flash recomputes in Python loops, which compile to many graphs
+FUSED = "pattention_impl=fused"  # auto's choice here, named: flash recomputes in Python loops (many graphs)
 RELATIVE_TOLERANCE = 1e-5
 # No dropout: compiled code draws its masks with inductor's own generator, so they differ from eager's.
 

@@ -25,7 +25,7 @@ def data_overrides(demo_data: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def baseline_run(demo_data, tmp_path_factory):
-    """40 iterations, ZeRO-1, checkpoints at 10 and 40."""
+    """40 iterations, ZeRO-1, checkpoints at 10 and 40, pattention_impl auto (the default: fused at this size)."""
     run_dir = tmp_path_factory.mktemp("baseline")
     result = run_deepy(
         "train.py",
@@ -153,19 +153,19 @@ def test_missing_data_file_is_named(tmp_path):
     assert f"{tmp_path}/nothing" in result.stderr
 
 
-def test_fused_pattention_reproduces_the_flash_losses(baseline_run, demo_data, tmp_path):
-    """The baseline trains with pattention_impl=flash (tests/tiny.yml); auto, the default, takes fused here (the
-    step fits this machine's memory many times over) and says so, and the fused node must give the same 20
-    iterations (DP=2, ZeRO-1) within 1e-4 relative: the implementations compute the same function. The same
-    run gives peak_tflops, so its log has an MFU: its FLOP/s per device over that peak."""
-    run_dir, _ = baseline_run
-    result = run_deepy("train.py", TINY, *data_overrides(demo_data), "pattention_impl=auto", "train_iters=20",
+def test_flash_pattention_reproduces_the_fused_losses(baseline_run, demo_data, tmp_path):
+    """The baseline trains with pattention_impl auto, the default, which takes fused here (the step fits this
+    machine's memory many times over) and says so; flash, the tiled path, must give the same 20 iterations
+    (DP=2, ZeRO-1) within 1e-4 relative: the implementations compute the same function. The flash run gives
+    peak_tflops, so its log has an MFU: its FLOP/s per device over that peak."""
+    run_dir, baseline = baseline_run
+    assert baseline.stdout.count("pattention_impl: auto -> fused: fused fits") == 1, baseline.stdout
+    result = run_deepy("train.py", TINY, *data_overrides(demo_data), "pattention_impl=flash", "train_iters=20",
                        "peak_tflops=0.5", f"log_dir={tmp_path}/logs")
-    assert result.stdout.count("pattention_impl: auto -> fused: fused fits") == 1, result.stdout
-    flash = train_losses(run_dir / "logs")
-    fused = train_losses(tmp_path / "logs")
-    assert sorted(fused) == list(range(1, 21))
-    differences = [(i, fused[i], flash[i]) for i in fused if abs(fused[i] - flash[i]) > 1e-4 * abs(flash[i])]
+    fused = train_losses(run_dir / "logs")
+    flash = train_losses(tmp_path / "logs")
+    assert sorted(flash) == list(range(1, 21))
+    differences = [(i, flash[i], fused[i]) for i in flash if abs(flash[i] - fused[i]) > 1e-4 * abs(fused[i])]
     assert not differences, differences
     train = [r for r in read_metrics(tmp_path / "logs") if r["split"] == "train"]
     for r in train:
@@ -175,15 +175,15 @@ def test_fused_pattention_reproduces_the_flash_losses(baseline_run, demo_data, t
 
 
 def test_triton_kernels_train_on_a_cpu_under_the_interpreter(baseline_run, demo_data, tmp_path):
-    """flash_backend=kernels on a CPU: the ranks switch Triton's interpreter on before anything imports triton,
-    and flash's kernels' 2 iterations (the second after an update their backward computed) equal the PyTorch tile
-    functions' (the baseline) within 1e-4. No validation at the end: under the interpreter it is a fifth of the
-    run's CPU time, and the losses compared are the training ones."""
+    """pattention_impl=flash flash_backend=kernels on a CPU: the ranks switch Triton's interpreter on before
+    anything imports triton, and flash's kernels' 2 iterations (the second after an update their backward
+    computed) equal fused's (the baseline) within 1e-4. No validation at the end: under the interpreter it is a
+    fifth of the run's CPU time, and the losses compared are the training ones."""
     run_dir, _ = baseline_run
     env_free = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    run_deepy("train.py", TINY, *data_overrides(demo_data), "flash_backend=kernels", "train_iters=2", "eval_iters=0",
-              f"log_dir={tmp_path}/logs", env=env_free)
-    pytorch_tiles = train_losses(run_dir / "logs")
+    run_deepy("train.py", TINY, *data_overrides(demo_data), "pattention_impl=flash", "flash_backend=kernels",
+              "train_iters=2", "eval_iters=0", f"log_dir={tmp_path}/logs", env=env_free)
+    fused = train_losses(run_dir / "logs")
     triton = train_losses(tmp_path / "logs")
     assert sorted(triton) == [1, 2]
-    assert all(abs(triton[i] - pytorch_tiles[i]) <= 1e-4 * abs(pytorch_tiles[i]) for i in triton), triton
+    assert all(abs(triton[i] - fused[i]) <= 1e-4 * abs(fused[i]) for i in triton), triton
