@@ -24,7 +24,8 @@ from tests.test_lean_step import DEEPSPEED, ITERATIONS, NO_CLIPPING, assert_same
 pytestmark = pytest.mark.slow
 
 DROPOUT = ("hidden_dropout=0.1", "attention_dropout=0.1")
-FP16 = "fp16={enabled: true, initial_scale_power: 19}"  # iteration 1 applied, 2 and 3 overflow, 4 applied
+FP16 = "fp16={enabled: true, initial_scale_power: 19}"  # steps overflow until the scale has come down
+FP16_ROUNDING = 2.0**-11  # fp16's unit roundoff
 
 
 def train_fp16_on_cpu(overrides: list[str]) -> str:
@@ -81,9 +82,17 @@ def test_without_clipping_the_lean_step_is_deepspeeds_bit_for_bit_and_saves_the_
 
 @pytest.mark.parametrize("layout", [pytest.param([], id="fp32"), pytest.param([FP16], id="fp16")])
 def test_with_clipping_the_norm_and_losses_are_deepspeeds_within_fp32_rounding(layout, demo_data, tmp_path):
+    """In fp16, within fp32 rounding up to the first update applied (both steps see the same fp16 weights), and
+    within fp16's after it: the two updates' masters agree within fp32 rounding, but a master that close to a
+    rounding boundary gives fp16 weights one fp16 unit apart (seen: a norm 4.2e-6 apart at the next step)."""
     trainer = train_fp16_on_cpu if FP16 in layout else train
     lean_step, lean = run(tmp_path / "lean", demo_data, *layout, ranks=2, trainer=trainer)
     _, deepspeed = run(tmp_path / "deepspeed", demo_data, *layout, DEEPSPEED, ranks=2, trainer=trainer)
     assert lean_step == "LeanStep"
-    assert finite_norms_within(lean, deepspeed, 1e-6)
-    assert max(relative_errors(lean, deepspeed, "lm_loss")) < 1e-6
+    first_update = min(i for i in deepspeed if math.isfinite(deepspeed[i]["grad_norm"]))
+    for iterations, tolerance in ((range(1, first_update + 1), 1e-6),
+                                  (range(first_update + 1, ITERATIONS + 1), FP16_ROUNDING if FP16 in layout else 1e-6)):
+        got, expected = ({i: records[i] for i in iterations} for records in (lean, deepspeed))
+        if expected:
+            assert finite_norms_within(got, expected, tolerance), (got, expected)
+            assert max(relative_errors(got, expected, "lm_loss")) < tolerance, (got, expected)
