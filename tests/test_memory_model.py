@@ -1,8 +1,8 @@
 """The memory model's formula (megatron/model/memory.py) equals the bytes autograd saves, measured on a tiny
 model: every Pattention implementation and Θ, bf16 and fp32, several sequences per micro-batch, learned and no
-position embeddings, τ ≠ 1, activation checkpointing. Equal to the byte: the formula counts storages, so any
-missing, extra or mis-sized term fails. And the micro-batch fit follows from the formula and the stated
-ZeRO-1 accounting."""
+position embeddings, τ ≠ 1, activation checkpointing, hidden dropout. Equal to the byte: the formula counts
+storages, so any missing, extra or mis-sized term fails. And the micro-batch fit follows from the formula and the
+stated ZeRO-1 accounting."""
 
 import dataclasses
 
