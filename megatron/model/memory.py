@@ -134,7 +134,9 @@ def saved_bytes(args: TokenFormerArgs, impl: str, dtype: torch.dtype, device: st
         raise ValueError(f"norm_activation_type={args.norm_activation_type!r}")
     e, d, h, vocab = element_bytes(dtype), args.hidden_size, args.num_attention_heads, args.padded_vocab_size
     z = e if device == "cpu" else max(e, FP32)
-    mask = (e if device == "cpu" else 1) * d if args.hidden_dropout else 0  # one hidden dropout site, per token
+    # one hidden dropout site's mask per token: the CPU's in the input's dtype, CUDA's fused dropout's bool
+    mask_element = e if device == "cpu" else 1
+    mask = mask_element * d if args.hidden_dropout else 0
     norms = 2 * (e * d + 2 * z)
     # fused and flash keep τ·x, a new tensor when τ ≠ 1: for Q/K/V and the FFN in place of the norm's output,
     # for proj besides SDPA's output, which attention keeps anyway
