@@ -53,6 +53,7 @@ from megatron.training.phases import BOOKKEEPING, LOGGING, mark_pipeline, phase
 from megatron.training.preemption import ExitConditions
 from megatron.training.step import evaluate, lm_loss
 from megatron.training.utilization import Utilization
+from megatron.training.zero_check import zero_check_without_muon
 
 
 def print_rank_0(message: str) -> None:
@@ -110,11 +111,12 @@ def setup_model_and_engine(cfg, frozen_tokens: dict[str, int] | None = None, dee
     # mpu: DeepSpeed all-reduces gradients over our data-parallel group, counts each tensor-parallel
     # block once in the gradient norm and names checkpoint files by tensor-parallel rank. A pipeline
     # brings DeepSpeed's own groups instead, built from the same rank layout (mpu.pipeline_topology).
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config={**deepspeed_config(cfg), **(deepspeed_extra or {})},
-        dist_init_required=False,
-        mpu=None if pipelined else mpu,
-    )
+    with zero_check_without_muon():
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config={**deepspeed_config(cfg), **(deepspeed_extra or {})},
+            dist_init_required=False,
+            mpu=None if pipelined else mpu,
+        )
     if pipelined:
         mark_pipeline(engine)
     return engine, optimizer, model_args
