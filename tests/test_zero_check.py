@@ -2,6 +2,7 @@
 (nor inductor's compiler through it), every optimizer gets DeepSpeed's own answer from the check, and DeepSpeed's
 check is back after the block."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,9 +18,11 @@ SCRIPT = textwrap.dedent("""
     import sys
     import deepspeed, torch
     import deepspeed.runtime.engine as engine_module
+    from megatron.runtime.process_group import without_deepspeeds_inference_comm_op
     from megatron.training.zero_check import zero_check_without_muon
 
     MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
+    without_deepspeeds_inference_comm_op()  # as the ranks do: no C++ op built
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     config = {"train_batch_size": 1, "zero_optimization": {"stage": 1}}
 
@@ -44,8 +47,8 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_zero_engine_built_with_adamw_imports_neither_muon_nor_inductors_compiler():
-    environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
-                   "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"}
+    environment = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                       LOCAL_RANK="0")
     result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=environment, capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
