@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Each pytest-xdist worker (make test runs two) takes its share of the cores, as deepy.py gives each rank its
+    # Each pytest-xdist worker (make test runs three) takes its share of the cores, as deepy.py gives each rank its
     # share, and so does whatever it starts: two workers of two OpenMP threads each on two cores would spin in each
     # other's way. A test of the default thread count removes OMP_NUM_THREADS from its launch's environment.
     _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
@@ -62,7 +62,7 @@ def restart_reference(demo_data, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def built_gpu_kit(tmp_path_factory) -> Path:
     """`python -m benchmarks.gpu_kit build` (from the package index), once per session: the kit's test and the GPU
-    check's plumbing read the same kit, whichever of make test's two workers runs them (the second waits for the
+    check's plumbing read the same kit, whichever of make test's workers runs them (the others wait for the
     first's build; the build renames its folder into place when done)."""
     kit = session_folder(tmp_path_factory) / "gpu_kit"
     with open(kit.with_name("gpu_kit.lock"), "w") as lock:
@@ -97,7 +97,7 @@ def read_metrics(log_dir: Path) -> list[dict]:
 
 def session_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder every process of the session sees: the base temporary folder, or under pytest-xdist (make test
-    runs two workers) the controller's, which holds each worker's."""
+    runs three workers) the controller's, which holds each worker's."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 

@@ -8,7 +8,7 @@ unchanged Dockerfile, and runs docker_image.STEPS in it (the image's unit tests,
 demo corpus; 20 iterations and a resume to 30, so that the test, run last, only checks their outputs) at a low
 CPU weight: in
 a cgroup of half the default weight (cpu.shares 512, cpu.weight 50) they get about a third of the cores while the
-suite's two workers want them all, the whole of what those leave idle, and never nothing (a nice value alone
+suite's workers want them all, the whole of what those leave idle, and never nothing (a nice value alone
 would not do: the container runs in a cgroup, or an autogroup, of its own, which at the default weight takes
 half the machine; a cgroup marked idle starved it until its own tests' wall-clock timeouts failed: a two-rank
 fixture got no result in 300 s). It ends by writing WORK_DIR/result.json: the image's tag and each step's exit
